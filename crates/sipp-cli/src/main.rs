@@ -1,0 +1,56 @@
+//! The `sipp` command.
+
+mod commands;
+mod common;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use common::CliError;
+
+#[derive(Parser)]
+#[command(
+    name = "sipp",
+    version,
+    about = "Local LLM inference on llama.cpp with continuous batching"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate a completion for a prompt, streamed to stdout.
+    Run(commands::run::RunArgs),
+    /// Describe a GGUF model.
+    Inspect(commands::inspect::InspectArgs),
+    /// Fetch and list named models.
+    Models(commands::models::ModelsArgs),
+    /// Measure throughput and latency under concurrency.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SIPP_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result: Result<(), CliError> = match cli.command {
+        Cmd::Run(a) => commands::run::run(a),
+        Cmd::Inspect(a) => commands::inspect::run(a),
+        Cmd::Models(a) => commands::models::run(a),
+        Cmd::Bench(a) => commands::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! Runtime configuration: one typed tree, deserializable from TOML.
+//!
+//! Every default lives in this file, next to the field it belongs to, so the
+//! documentation and the behaviour cannot drift apart. A TOML file only has to
+//! name the values it changes:
+//!
+//! ```toml
+//! [context]
+//! n_ctx = 4096
+//! n_parallel = 8
+//!
+//! [sampling]
+//! temperature = 0.7
+//!
+//! [cache]
+//! mode = "shared_prefix"
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use crate::sampling::SamplingParams;
+
+/// The whole configuration of one local model endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NativeRuntimeConfig {
+    /// Context, batch and thread sizes.
+    pub context: ContextConfig,
+    /// Default sampling settings; a request overrides them field by field.
+    pub sampling: SamplingParams,
+    /// Slot and queue limits, and the per-step token budget.
+    pub scheduler: SchedulerConfig,
+    /// KV prefix reuse and snapshots.
+    pub cache: CacheConfig,
+    /// Where the weights live (CPU, GPU layers) and how they are mapped.
+    pub placement: PlacementConfig,
+    /// Logging.
+    pub observability: ObservabilityConfig,
+}
+
+/// Context, batch and thread sizes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextConfig {
+    /// KV cache size in tokens, shared by every sequence (a unified KV cache: the
+    /// context is never divided by the slot count). 0 means the model's training
+    /// context, capped at 8192. Default 0.
+    pub n_ctx: u32,
+    /// The most tokens one engine step sends to llama.cpp. Default 512.
+    pub n_batch: u32,
+    /// The physical micro-batch llama.cpp computes at once. Default 512.
+    pub n_ubatch: u32,
+    /// Concurrent sequences (slots). Default 8.
+    pub n_parallel: u32,
+    /// Threads for single-token decoding. 0 means the machine's available
+    /// parallelism (never llama.cpp's own default of 4). Default 0.
+    pub n_threads: u32,
+    /// Threads for prompt batches. 0 means the same as `n_threads`. Default 0.
+    pub n_threads_batch: u32,
+    /// Flash attention: "auto", "on" or "off". Default "auto".
+    pub flash_attention: FlashAttention,
+    /// Compute embeddings in this context (needed by the embed operation on
+    /// decoder models; encoder-only models always have it). Default false.
+    pub embeddings: bool,
+    /// Pooling for embeddings; `None` uses the model's own from its GGUF metadata.
+    pub pooling: Option<crate::runtime::Pooling>,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            n_ctx: 0,
+            n_batch: 512,
+            n_ubatch: 512,
+            n_parallel: 8,
+            n_threads: 0,
+            n_threads_batch: 0,
+            flash_attention: FlashAttention::Auto,
+            embeddings: false,
+            pooling: None,
+        }
+    }
+}
+
+/// llama.cpp's flash-attention policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlashAttention {
+    /// Let llama.cpp decide per device.
+    Auto,
+    /// Always on.
+    On,
+    /// Always off.
+    Off,
+}
+
+impl ContextConfig {
+    /// Threads for decoding after resolving 0 to the machine's parallelism.
+    pub fn resolved_threads(&self) -> u32 {
+        if self.n_threads == 0 {
+            available_threads()
+        } else {
+            self.n_threads
+        }
+    }
+
+    /// Threads for prompt batches after resolving 0.
+    pub fn resolved_threads_batch(&self) -> u32 {
+        if self.n_threads_batch == 0 {
+            self.resolved_threads()
+        } else {
+            self.n_threads_batch
+        }
+    }
+
+    /// The context size to allocate for a model trained on `n_ctx_train` tokens.
+    pub fn resolved_n_ctx(&self, n_ctx_train: u32) -> u32 {
+        if self.n_ctx == 0 {
+            n_ctx_train.clamp(1, 8192)
+        } else {
+            self.n_ctx
+        }
+    }
+}
+
+/// The machine's available parallelism, at least 1.
+pub fn available_threads() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| u32::try_from(n.get()).unwrap_or(1))
+        .unwrap_or(1)
+}
+
+/// Slot and queue limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// Requests running at once (slots). 0 means `context.n_parallel`. Default 0.
+    pub max_running_requests: u32,
+    /// Requests waiting for a slot; one more is rejected at once with "queue full".
+    /// Default 256.
+    pub max_queued_requests: u32,
+    /// Token budget of one engine step (decode tokens first, then prompt chunks).
+    /// 0 means `context.n_batch`. Default 0.
+    pub prefill_chunk_size: u32,
+    /// Upper bound on `max_tokens` a request may ask for; 0 means no bound beyond
+    /// the context. Default 0.
+    pub max_tokens_limit: u32,
+    /// `max_tokens` when a request gives none. 0 means "until the context is full".
+    /// Default 0.
+    pub default_max_tokens: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_running_requests: 0,
+            max_queued_requests: 256,
+            prefill_chunk_size: 0,
+            max_tokens_limit: 0,
+            default_max_tokens: 0,
+        }
+    }
+}
+
+/// How KV cache is reused between requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheMode {
+    /// Every request prefills its whole prompt in a cleared sequence.
+    Off,
+    /// A request reuses the idle sequence whose resident tokens share its longest
+    /// prefix; only the rest is prefilled.
+    LiveSlotPrefix,
+    /// Any resident prefix (active or idle sequence, or a snapshot) is copied into
+    /// the new sequence instead of being recomputed, and a prefix that several
+    /// queued requests share is prefilled once.
+    SharedPrefix,
+}
+
+/// KV prefix reuse and snapshots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Default `shared_prefix`.
+    pub mode: CacheMode,
+    /// KV sequences kept in addition to the running slots, so idle prefixes survive
+    /// while every slot is busy. Default 8.
+    pub idle_sequences: u32,
+    /// Shortest common prefix worth copying or waiting for. Default 16.
+    pub min_prefix_tokens: u32,
+    /// Byte budget of the in-memory snapshot LRU; 0 disables snapshots.
+    /// Default 256 MiB.
+    pub max_snapshot_bytes: u64,
+    /// Entry budget of the snapshot LRU. Default 64.
+    pub max_snapshot_entries: u32,
+    /// Optional directory where evicted snapshots are spilled and looked up.
+    pub snapshot_dir: Option<PathBuf>,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            mode: CacheMode::SharedPrefix,
+            idle_sequences: 8,
+            min_prefix_tokens: 16,
+            max_snapshot_bytes: 256 * 1024 * 1024,
+            max_snapshot_entries: 64,
+            snapshot_dir: None,
+        }
+    }
+}
+
+/// Where the weights live.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// Layers offloaded to a GPU (ignored on a CPU-only build). Default 0.
+    pub gpu_layers: u32,
+    /// Map the model file instead of reading it. Default true.
+    pub use_mmap: bool,
+    /// Lock the weights in RAM. Default false.
+    pub use_mlock: bool,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self {
+            gpu_layers: 0,
+            use_mmap: true,
+            use_mlock: false,
+        }
+    }
+}
+
+/// Logging.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObservabilityConfig {
+    /// Forward llama.cpp's own log lines to `tracing` (they are silenced otherwise).
+    /// Default false.
+    pub llama_logs: bool,
+    /// Log one line per finished request at info level. Default false.
+    pub log_requests: bool,
+}
+
+impl Default for ObservabilityConfig {
+    fn default() -> Self {
+        Self {
+            llama_logs: false,
+            log_requests: false,
+        }
+    }
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    /// A field is outside its range.
+    #[error("invalid config `{field}`: {message}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The TOML text does not parse.
+    #[error("invalid config file: {0}")]
+    Parse(String),
+}
+
+impl NativeRuntimeConfig {
+    /// Parses a TOML document.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// Slots after resolving 0.
+    pub fn slots(&self) -> u32 {
+        if self.scheduler.max_running_requests == 0 {
+            self.context.n_parallel.max(1)
+        } else {
+            self.scheduler.max_running_requests
+        }
+    }
+
+    /// The per-step token budget after resolving 0.
+    pub fn step_budget(&self) -> u32 {
+        let chunk = if self.scheduler.prefill_chunk_size == 0 {
+            self.context.n_batch
+        } else {
+            self.scheduler.prefill_chunk_size
+        };
+        chunk.min(self.context.n_batch)
+    }
+
+    /// Checks the values that llama.cpp would otherwise reject late or abort on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
+        if self.context.n_batch == 0 {
+            return invalid("context.n_batch", "must be at least 1".into());
+        }
+        if self.context.n_ubatch == 0 || self.context.n_ubatch > self.context.n_batch {
+            return invalid(
+                "context.n_ubatch",
+                format!("must be between 1 and n_batch ({})", self.context.n_batch),
+            );
+        }
+        let slots = self.slots();
+        if slots == 0 || slots > 128 {
+            return invalid(
+                "scheduler.max_running_requests",
+                format!("must be between 1 and 128, got {slots}"),
+            );
+        }
+        if slots + self.cache.idle_sequences > 256 {
+            return invalid(
+                "cache.idle_sequences",
+                "running slots plus idle sequences must be at most 256".into(),
+            );
+        }
+        if self.step_budget() < slots {
+            return invalid(
+                "scheduler.prefill_chunk_size",
+                format!(
+                    "the step budget ({}) must fit one decode token per slot ({slots})",
+                    self.step_budget()
+                ),
+            );
+        }
+        self.sampling.validate().map_err(|e| ConfigError::Invalid {
+            field: "sampling",
+            message: e.to_string(),
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_resolve_threads_from_machine() {
+        let cfg = ContextConfig::default();
+        assert_eq!(cfg.resolved_threads(), available_threads());
+        assert_eq!(cfg.resolved_threads_batch(), available_threads());
+        assert!(available_threads() >= 1);
+    }
+
+    #[test]
+    fn toml_overrides_only_named_fields() {
+        let cfg = NativeRuntimeConfig::from_toml(
+            "[context]\nn_ctx = 1024\n[cache]\nmode = \"off\"\n[sampling]\ntemperature = 0.5\n",
+        )
+        .expect("parses");
+        assert_eq!(cfg.context.n_ctx, 1024);
+        assert_eq!(cfg.context.n_batch, 512);
+        assert_eq!(cfg.cache.mode, CacheMode::Off);
+        assert_eq!(cfg.sampling.temperature, 0.5);
+        assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_field_is_rejected_with_its_name() {
+        let err = NativeRuntimeConfig::from_toml("[context]\nn_ctxx = 3\n").unwrap_err();
+        assert!(err.to_string().contains("n_ctxx"), "{err}");
+    }
+
+    #[test]
+    fn budget_smaller_than_slots_is_invalid() {
+        let mut cfg = NativeRuntimeConfig::default();
+        cfg.context.n_parallel = 16;
+        cfg.scheduler.prefill_chunk_size = 8;
+        let err = cfg.validate().unwrap_err();
+        assert!(err.to_string().contains("prefill_chunk_size"), "{err}");
+    }
+
+    #[test]
+    fn n_ctx_zero_uses_training_context_capped() {
+        let cfg = ContextConfig::default();
+        assert_eq!(cfg.resolved_n_ctx(2048), 2048);
+        assert_eq!(cfg.resolved_n_ctx(131072), 8192);
+    }
+}

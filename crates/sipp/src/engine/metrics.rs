@@ -1,0 +1,106 @@
+//! Engine counters and gauges, written by the engine thread and read by anyone.
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Live engine figures. Counters only grow; gauges are set every step.
+#[derive(Debug, Default)]
+pub struct EngineMetrics {
+    pub(crate) requests_completed: AtomicU64,
+    pub(crate) requests_failed: AtomicU64,
+    pub(crate) requests_cancelled: AtomicU64,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) generated_tokens: AtomicU64,
+    pub(crate) steps: AtomicU64,
+    pub(crate) batch_rows: AtomicU64,
+    pub(crate) preemptions: AtomicU64,
+    pub(crate) queue_depth: AtomicU64,
+    pub(crate) busy_slots: AtomicU64,
+    pub(crate) leased_sequences: AtomicU64,
+    pub(crate) kv_cells_used: AtomicU64,
+    pub(crate) prefix_hits: AtomicU64,
+    pub(crate) prefix_reused_tokens: AtomicU64,
+    pub(crate) snapshot_saves: AtomicU64,
+    pub(crate) snapshot_restores: AtomicU64,
+    pub(crate) snapshot_bytes_saved: AtomicU64,
+    pub(crate) snapshot_bytes_restored: AtomicU64,
+    pub(crate) snapshot_files_rejected: AtomicU64,
+    pub(crate) snapshot_entries: AtomicU64,
+    pub(crate) snapshot_bytes: AtomicU64,
+}
+
+/// A copy of the metrics at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsSnapshot {
+    /// Requests finished normally.
+    pub requests_completed: u64,
+    /// Requests failed.
+    pub requests_failed: u64,
+    /// Requests cancelled.
+    pub requests_cancelled: u64,
+    /// Prompt tokens admitted.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Engine steps run.
+    pub steps: u64,
+    /// Rows sent to the backend.
+    pub batch_rows: u64,
+    /// Slots preempted for KV space.
+    pub preemptions: u64,
+    /// Requests waiting for a slot.
+    pub queue_depth: u64,
+    /// Slots holding a request.
+    pub busy_slots: u64,
+    /// Sequence leases held.
+    pub leased_sequences: u64,
+    /// KV cells in use.
+    pub kv_cells_used: u64,
+    /// Admissions that reused a prefix.
+    pub prefix_hits: u64,
+    /// Prompt tokens reused from cache.
+    pub prefix_reused_tokens: u64,
+    /// Snapshots saved.
+    pub snapshot_saves: u64,
+    /// Snapshots restored.
+    pub snapshot_restores: u64,
+    /// Snapshot bytes saved.
+    pub snapshot_bytes_saved: u64,
+    /// Snapshot bytes restored.
+    pub snapshot_bytes_restored: u64,
+    /// Snapshot files refused.
+    pub snapshot_files_rejected: u64,
+    /// Snapshots in memory.
+    pub snapshot_entries: u64,
+    /// Bytes of snapshots in memory.
+    pub snapshot_bytes: u64,
+}
+
+impl EngineMetrics {
+    /// Reads every figure.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            requests_completed: self.requests_completed.load(Relaxed),
+            requests_failed: self.requests_failed.load(Relaxed),
+            requests_cancelled: self.requests_cancelled.load(Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Relaxed),
+            generated_tokens: self.generated_tokens.load(Relaxed),
+            steps: self.steps.load(Relaxed),
+            batch_rows: self.batch_rows.load(Relaxed),
+            preemptions: self.preemptions.load(Relaxed),
+            queue_depth: self.queue_depth.load(Relaxed),
+            busy_slots: self.busy_slots.load(Relaxed),
+            leased_sequences: self.leased_sequences.load(Relaxed),
+            kv_cells_used: self.kv_cells_used.load(Relaxed),
+            prefix_hits: self.prefix_hits.load(Relaxed),
+            prefix_reused_tokens: self.prefix_reused_tokens.load(Relaxed),
+            snapshot_saves: self.snapshot_saves.load(Relaxed),
+            snapshot_restores: self.snapshot_restores.load(Relaxed),
+            snapshot_bytes_saved: self.snapshot_bytes_saved.load(Relaxed),
+            snapshot_bytes_restored: self.snapshot_bytes_restored.load(Relaxed),
+            snapshot_files_rejected: self.snapshot_files_rejected.load(Relaxed),
+            snapshot_entries: self.snapshot_entries.load(Relaxed),
+            snapshot_bytes: self.snapshot_bytes.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! What callers send to the engine and what comes back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::{Pooling, SampledLogprobs, Token};
+use crate::sampling::{OutputConstraint, SamplingError, SamplingParams};
+use crate::text::FinishReason;
+
+/// A prompt as text or as token ids.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// Text, tokenized by the engine's model.
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<Token>),
+}
+
+impl From<&str> for PromptInput {
+    fn from(s: &str) -> Self {
+        PromptInput::Text(s.to_string())
+    }
+}
+
+impl From<String> for PromptInput {
+    fn from(s: String) -> Self {
+        PromptInput::Text(s)
+    }
+}
+
+/// A text generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    /// The prompt.
+    pub prompt: PromptInput,
+    /// Most tokens to generate; `None` uses the engine default (or the context).
+    pub max_tokens: Option<u32>,
+    /// Stop strings; the text ends before the first match.
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Sampling settings; `None` uses the engine's defaults.
+    pub sampling: Option<SamplingParams>,
+    /// Grammar, JSON mode or JSON schema.
+    pub constraint: Option<OutputConstraint>,
+    /// Log-probabilities: `Some(n)` returns the chosen token's and the top n.
+    pub logprobs: Option<u32>,
+    /// Session affinity: later requests with the same key continue this one.
+    pub context_key: Option<String>,
+    /// Reuse and keep KV for this prompt (default true).
+    pub cache_prompt: bool,
+    /// Add BOS (and other special tokens the model wants) to a text prompt.
+    pub add_special: bool,
+    /// Turn special-token text in a text prompt into special tokens.
+    pub parse_special: bool,
+}
+
+impl GenerateRequest {
+    /// A request with defaults for everything but the prompt.
+    pub fn new(prompt: impl Into<PromptInput>) -> Self {
+        Self {
+            prompt: prompt.into(),
+            max_tokens: None,
+            stop: Vec::new(),
+            ignore_eos: false,
+            sampling: None,
+            constraint: None,
+            logprobs: None,
+            context_key: None,
+            cache_prompt: true,
+            add_special: true,
+            parse_special: true,
+        }
+    }
+
+    /// Sets max_tokens.
+    pub fn max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+
+    /// Sets sampling settings.
+    pub fn sampling(mut self, s: SamplingParams) -> Self {
+        self.sampling = Some(s);
+        self
+    }
+
+    /// Greedy decoding.
+    pub fn greedy(self) -> Self {
+        self.sampling(SamplingParams::greedy())
+    }
+
+    /// Adds a stop string.
+    pub fn stop(mut self, s: impl Into<String>) -> Self {
+        self.stop.push(s.into());
+        self
+    }
+}
+
+/// An embedding request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedRequest {
+    /// The input.
+    pub input: PromptInput,
+    /// L2-normalize the vector (default true).
+    pub normalize: bool,
+}
+
+impl EmbedRequest {
+    /// A normalized embedding of the input.
+    pub fn new(input: impl Into<PromptInput>) -> Self {
+        Self {
+            input: input.into(),
+            normalize: true,
+        }
+    }
+}
+
+/// Token counts, as OpenAI reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the KV cache.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// Prompt plus completion.
+    pub fn total_tokens(&self) -> usize {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// Per-request timing, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestStats {
+    /// Waiting for a slot.
+    pub queue_ms: f64,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from cache.
+    pub cached_tokens: usize,
+    /// From admission to the end of the prompt.
+    pub prefill_ms: f64,
+    /// From submission to the first generated token.
+    pub ttft_ms: f64,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// From the first token to the end.
+    pub decode_ms: f64,
+}
+
+impl RequestStats {
+    /// Prompt tokens computed per second (cached ones excluded).
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        let computed = self.prompt_tokens.saturating_sub(self.cached_tokens) as f64;
+        if self.prefill_ms > 0.0 {
+            computed * 1000.0 / self.prefill_ms
+        } else {
+            0.0
+        }
+    }
+
+    /// Decode speed over the tokens after the first.
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        if self.decode_ms > 0.0 && self.generated_tokens > 1 {
+            (self.generated_tokens - 1) as f64 * 1000.0 / self.decode_ms
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Log-probabilities of one generated token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprobs {
+    /// The token.
+    pub token: Token,
+    /// Its text (lossy for partial characters).
+    pub text: String,
+    /// Chosen token and alternatives.
+    pub logprobs: SampledLogprobs,
+}
+
+/// Newly generated text.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TextDelta {
+    /// Text to append (never a partial character; never part of a stop string).
+    pub text: String,
+    /// Tokens sampled since the last delta.
+    pub tokens: Vec<Token>,
+    /// Their log-probabilities, when asked for.
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Completion {
+    /// The whole generated text.
+    pub text: String,
+    /// Generated token ids.
+    pub tokens: Vec<Token>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Timing.
+    pub stats: RequestStats,
+    /// Log-probabilities of every token, when asked for.
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+/// A finished embedding.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EmbeddingOutput {
+    /// The vector.
+    pub values: Vec<f32>,
+    /// The pooling that produced it.
+    pub pooling: Pooling,
+    /// Whether it was L2-normalized.
+    pub normalized: bool,
+    /// Input tokens.
+    pub prompt_tokens: usize,
+    /// Timing.
+    pub stats: RequestStats,
+}
+
+/// An event on a request's stream: deltas, then exactly one final event
+/// (`Finished`, `Embedding` or `Failed`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    /// Left the queue and took a slot.
+    Started,
+    /// New text.
+    Delta(TextDelta),
+    /// The generation ended (including by cancellation).
+    Finished(Completion),
+    /// The embedding is ready.
+    Embedding(EmbeddingOutput),
+    /// The request failed.
+    Failed(EngineError),
+}
+
+impl RequestEvent {
+    /// Whether this is the last event of its stream.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            RequestEvent::Finished(_) | RequestEvent::Embedding(_) | RequestEvent::Failed(_)
+        )
+    }
+}
+
+/// Errors of the engine layer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The prompt does not fit the context.
+    #[error("the prompt has {prompt_tokens} tokens but the context holds {n_ctx} (at most {max} prompt tokens)", max = n_ctx.saturating_sub(1))]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Context size.
+        n_ctx: u32,
+    },
+    /// An embedding input longer than one micro-batch.
+    #[error("the input has {tokens} tokens but an embedding input may have at most {max}")]
+    InputTooLong {
+        /// Input tokens.
+        tokens: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Too many requests are waiting.
+    #[error("queue full: {max_queued} requests are already waiting")]
+    QueueFull {
+        /// The queue limit.
+        max_queued: usize,
+    },
+    /// A field is invalid.
+    #[error("invalid `{field}`: {message}")]
+    InvalidRequest {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// Invalid sampling settings, grammar or schema.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The model or context cannot do this.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// No KV space for this request even after freeing everything else.
+    #[error("the KV cache is full: {0}")]
+    KvCacheFull(String),
+    /// llama.cpp failed on this request's batch.
+    #[error("decoding failed for this request: {0}")]
+    Decode(String),
+    /// The grammar allows no further token.
+    #[error(
+        "the grammar cannot be satisfied: no token is allowed after {generated} generated tokens"
+    )]
+    GrammarExhausted {
+        /// Tokens generated before it stalled.
+        generated: usize,
+    },
+    /// Tokenization failed.
+    #[error("tokenization failed: {0}")]
+    Tokenize(String),
+    /// The engine has stopped.
+    #[error("the engine has stopped")]
+    EngineStopped,
+}

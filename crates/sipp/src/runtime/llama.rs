@@ -1,0 +1,707 @@
+//! The llama.cpp runtime on `llama-cpp-2`. Nothing outside this file uses it.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
+use llama_cpp_2::token::LlamaToken;
+
+use super::gguf::{check_gguf, GgufHeader, MetaValue};
+use super::{
+    logprobs_from_logits, Backend, BatchError, BatchRow, ModelInfo, Pooling, RuntimeError,
+    SampleError, Sampled, SamplerSpec, SeqId, Token, Vocab,
+};
+use crate::config::{FlashAttention, NativeRuntimeConfig, PlacementConfig};
+use crate::sampling::{
+    json_object_grammar, BiasTarget, OutputConstraint, SamplerStage, SamplingError,
+};
+
+/// llama.cpp's process-wide backend; initialized once.
+fn backend() -> Result<&'static LlamaBackend, RuntimeError> {
+    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| RuntimeError::Load {
+            path: String::new(),
+            message: format!("llama.cpp backend init failed: {e}"),
+        })
+}
+
+/// Routes llama.cpp's own log lines to `tracing`, or silences them.
+pub fn configure_llama_logs(enabled: bool) {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        llama_cpp_2::send_logs_to_tracing(
+            llama_cpp_2::LogOptions::default().with_logs_enabled(enabled),
+        );
+    });
+}
+
+/// Architectures llama.cpp runs as encoders only (no generation).
+const ENCODER_ONLY: &[&str] = &[
+    "bert",
+    "nomic-bert",
+    "nomic-bert-moe",
+    "jina-bert-v2",
+    "jina-bert-v3",
+    "neo-bert",
+    "modern-bert",
+    "eurobert",
+    "t5encoder",
+];
+
+/// A loaded model: weights, vocabulary and metadata. Shared by every thread.
+pub struct LlamaModelHandle {
+    model: LlamaModel,
+    info: ModelInfo,
+}
+
+impl std::fmt::Debug for LlamaModelHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaModelHandle")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+/// Loads a GGUF model after checking it in Rust. `progress` receives 0..=1.
+pub fn load_model(
+    path: &Path,
+    placement: &PlacementConfig,
+    progress: Option<Box<dyn FnMut(f32) + Send>>,
+) -> Result<Arc<LlamaModelHandle>, RuntimeError> {
+    let header = check_gguf(path)?;
+    let backend = backend()?;
+    let mut params = LlamaModelParams::default()
+        .with_n_gpu_layers(placement.gpu_layers)
+        .with_use_mmap(placement.use_mmap)
+        .with_use_mlock(placement.use_mlock);
+    if let Some(mut cb) = progress {
+        params = params.with_progress_callback(move |p| {
+            cb(p);
+            true
+        });
+    }
+    let model =
+        LlamaModel::load_from_file(backend, path, &params).map_err(|e| RuntimeError::Load {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let info = model_info(path, &header, &model);
+    Ok(Arc::new(LlamaModelHandle { model, info }))
+}
+
+fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo {
+    let vocab = model.vocab();
+    let architecture = header.architecture().unwrap_or("unknown").to_string();
+    let opt_token = |t: LlamaToken| (t.0 >= 0).then_some(t.0);
+    let causal = header
+        .arch_value("attention.causal")
+        .map(|v| !matches!(v, MetaValue::Bool(false)))
+        .unwrap_or(true);
+    let encoder_only = ENCODER_ONLY.contains(&architecture.as_str()) || !causal;
+    let pooling = header
+        .arch_value("pooling_type")
+        .and_then(MetaValue::as_u64)
+        .and_then(|p| match p {
+            0 => Some(Pooling::None),
+            1 => Some(Pooling::Mean),
+            2 => Some(Pooling::Cls),
+            3 => Some(Pooling::Last),
+            4 => Some(Pooling::Rank),
+            _ => None,
+        });
+    let quantization = header.quantization();
+    let n_params = model.n_params();
+    let name = header
+        .metadata
+        .get("general.name")
+        .and_then(MetaValue::as_str)
+        .map(str::to_string);
+    ModelInfo {
+        path: path.display().to_string(),
+        description: format!(
+            "{architecture} {:.0}M params {quantization}",
+            n_params as f64 / 1e6
+        ),
+        architecture,
+        name,
+        n_params,
+        size_bytes: model.size(),
+        quantization,
+        n_ctx_train: model.n_ctx_train(),
+        n_vocab: usize::try_from(model.n_vocab()).unwrap_or(0),
+        n_embd: usize::try_from(model.n_embd()).unwrap_or(0),
+        n_layer: model.n_layer(),
+        bos: opt_token(vocab.bos()),
+        eos: opt_token(vocab.eos()),
+        eot: opt_token(vocab.eot()),
+        add_bos: vocab.should_add_bos(),
+        has_decoder: !encoder_only,
+        has_encoder: encoder_only,
+        pooling,
+        chat_template: header
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(MetaValue::as_str)
+            .map(str::to_string),
+        fingerprint: header.fingerprint.clone(),
+    }
+}
+
+impl Vocab for LlamaModelHandle {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>, RuntimeError> {
+        Ok(self
+            .model
+            .vocab()
+            .tokenize(text.as_bytes(), add_special, parse_special)
+            .into_iter()
+            .map(|t| t.0)
+            .collect())
+    }
+
+    fn token_bytes(&self, token: Token) -> Vec<u8> {
+        if token < 0 || token as usize >= self.info.n_vocab {
+            return Vec::new();
+        }
+        self.model
+            .vocab()
+            .token_to_piece(LlamaToken(token), false, None)
+    }
+
+    fn token_text(&self, token: Token) -> String {
+        if token < 0 || token as usize >= self.info.n_vocab {
+            return String::new();
+        }
+        let piece = self
+            .model
+            .vocab()
+            .token_to_piece(LlamaToken(token), true, None);
+        String::from_utf8_lossy(&piece).into_owned()
+    }
+
+    fn is_eog(&self, token: Token) -> bool {
+        token >= 0
+            && (token as usize) < self.info.n_vocab
+            && self.model.vocab().is_eog(LlamaToken(token))
+    }
+
+    fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), SamplingError> {
+        build_grammar(&self.model, constraint).map(|_| ())
+    }
+}
+
+/// A llama.cpp context with its batch: the engine thread's half of a model.
+pub struct LlamaRuntime {
+    // Field order is drop order: the batch and the context borrow the model, so
+    // they go first and the `Arc` that keeps the model alive goes last.
+    batch: LlamaBatch<'static>,
+    ctx: LlamaContext<'static>,
+    model: Arc<LlamaModelHandle>,
+    n_ctx: u32,
+    n_seq_max: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    pooling: Option<Pooling>,
+    /// Reused candidate buffer for grammar-constrained sampling.
+    candidates: Vec<LlamaTokenData>,
+    /// Which sequence each row of the last batch belonged to.
+    last_rows: Vec<SeqId>,
+}
+
+impl std::fmt::Debug for LlamaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaRuntime")
+            .field("n_ctx", &self.n_ctx)
+            .field("n_seq_max", &self.n_seq_max)
+            .finish()
+    }
+}
+
+impl LlamaRuntime {
+    /// Creates a context for the model with `n_seq_max` KV sequences on one
+    /// unified KV cache.
+    pub fn new(
+        model: Arc<LlamaModelHandle>,
+        config: &NativeRuntimeConfig,
+        n_seq_max: u32,
+    ) -> Result<Self, RuntimeError> {
+        let backend = backend()?;
+        let ctx_cfg = &config.context;
+        let n_ctx = ctx_cfg.resolved_n_ctx(model.info.n_ctx_train);
+        let encoder_only = model.info.has_encoder && !model.info.has_decoder;
+        let embeddings = ctx_cfg.embeddings || encoder_only;
+        let pooling = embeddings.then(|| {
+            ctx_cfg
+                .pooling
+                .or(model.info.pooling)
+                .unwrap_or(if encoder_only {
+                    Pooling::Mean
+                } else {
+                    Pooling::Last
+                })
+        });
+        // A non-causal encoder sees a whole input in one micro-batch.
+        let (n_batch, n_ubatch) = if encoder_only {
+            (ctx_cfg.n_batch, ctx_cfg.n_batch)
+        } else {
+            (ctx_cfg.n_batch, ctx_cfg.n_ubatch)
+        };
+        let fa = match ctx_cfg.flash_attention {
+            FlashAttention::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttention::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttention::Off => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        let mut params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(n_ubatch)
+            .with_n_seq_max(n_seq_max)
+            .with_n_threads(ctx_cfg.resolved_threads() as i32)
+            .with_n_threads_batch(ctx_cfg.resolved_threads_batch() as i32)
+            .with_kv_unified(true)
+            .with_flash_attention_policy(fa)
+            .with_embeddings(embeddings);
+        if let Some(p) = pooling {
+            params = params.with_pooling_type(match p {
+                Pooling::None => LlamaPoolingType::None,
+                Pooling::Mean => LlamaPoolingType::Mean,
+                Pooling::Cls => LlamaPoolingType::Cls,
+                Pooling::Last => LlamaPoolingType::Last,
+                Pooling::Rank => LlamaPoolingType::Rank,
+            });
+        }
+        // SAFETY: the context and batch only borrow the model; `model` (an Arc)
+        // is stored in the same struct and dropped after both (field order).
+        let model_ref: &'static LlamaModel = unsafe { &*std::ptr::from_ref(&model.model) };
+        let ctx = model_ref.new_context(backend, params).map_err(|e| {
+            RuntimeError::Context(format!("{e} (n_ctx {n_ctx}, n_seq_max {n_seq_max})"))
+        })?;
+        let batch = LlamaBatch::new(n_batch as usize, 1);
+        Ok(Self {
+            batch,
+            ctx,
+            model,
+            n_ctx,
+            n_seq_max,
+            n_batch,
+            n_ubatch,
+            pooling,
+            candidates: Vec::new(),
+            last_rows: Vec::new(),
+        })
+    }
+
+    fn fill_batch(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
+        self.batch.clear();
+        self.last_rows.clear();
+        for r in rows {
+            self.batch
+                .add(LlamaToken(r.token), r.pos as i32, &[r.seq], r.output)
+                .map_err(|_| BatchError::Failed(-100))?;
+            self.last_rows.push(r.seq);
+        }
+        Ok(())
+    }
+
+    fn n_vocab(&self) -> i32 {
+        self.model.info.n_vocab as i32
+    }
+
+    fn build_chain(&self, spec: SamplerSpec<'_>) -> Result<LlamaSampler, SamplingError> {
+        let p = spec.params;
+        let model = &self.model.model;
+        let mut stages: Vec<LlamaSampler> = Vec::new();
+        let mut biases: Vec<LlamaLogitBias> = Vec::new();
+        for b in &p.logit_bias {
+            let bias = b.effective_bias();
+            match &b.target {
+                BiasTarget::Token(t) => {
+                    if *t < 0 || *t >= self.n_vocab() {
+                        return Err(SamplingError::Invalid {
+                            field: "logit_bias",
+                            message: format!(
+                                "token id {t} is outside the vocabulary (0..{})",
+                                self.n_vocab()
+                            ),
+                        });
+                    }
+                    biases.push(LlamaLogitBias::new(LlamaToken(*t), bias));
+                }
+                BiasTarget::Text(s) => {
+                    for t in model.vocab().tokenize(s.as_bytes(), false, false) {
+                        biases.push(LlamaLogitBias::new(t, bias));
+                    }
+                }
+            }
+        }
+        if !biases.is_empty() {
+            stages.push(LlamaSampler::logit_bias(self.n_vocab(), &biases));
+        }
+        let penalties = || {
+            LlamaSampler::penalties(
+                self.n_vocab(),
+                p.penalty_last_n,
+                p.repeat_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            )
+        };
+        let has_penalties =
+            p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+        if p.is_greedy() {
+            if has_penalties {
+                stages.push(penalties());
+            }
+            stages.push(LlamaSampler::greedy());
+            return Ok(LlamaSampler::chain(stages, true));
+        }
+        match p.mirostat {
+            1 => {
+                stages.push(LlamaSampler::temp(p.temperature));
+                stages.push(LlamaSampler::mirostat(
+                    self.n_vocab(),
+                    spec.seed,
+                    p.mirostat_tau,
+                    p.mirostat_eta,
+                    100,
+                ));
+            }
+            2 => {
+                stages.push(LlamaSampler::temp(p.temperature));
+                stages.push(LlamaSampler::mirostat_v2(
+                    spec.seed,
+                    p.mirostat_tau,
+                    p.mirostat_eta,
+                ));
+            }
+            _ => {
+                for stage in p.order() {
+                    match stage {
+                        SamplerStage::Penalties if has_penalties => stages.push(penalties()),
+                        SamplerStage::Dry if p.dry_multiplier > 0.0 => {
+                            stages.push(LlamaSampler::dry(
+                                model,
+                                p.dry_multiplier,
+                                p.dry_base,
+                                p.dry_allowed_length,
+                                p.dry_penalty_last_n,
+                                p.dry_sequence_breakers.iter().map(String::as_bytes),
+                            ))
+                        }
+                        SamplerStage::TopNSigma if p.top_n_sigma > 0.0 => {
+                            stages.push(LlamaSampler::top_n_sigma(p.top_n_sigma));
+                        }
+                        SamplerStage::TopK if p.top_k > 0 => {
+                            stages.push(LlamaSampler::top_k(p.top_k))
+                        }
+                        SamplerStage::TypicalP if p.typical_p < 1.0 => {
+                            stages.push(LlamaSampler::typical(p.typical_p, 1));
+                        }
+                        SamplerStage::TopP if p.top_p < 1.0 => {
+                            stages.push(LlamaSampler::top_p(p.top_p, 1))
+                        }
+                        SamplerStage::MinP if p.min_p > 0.0 => {
+                            stages.push(LlamaSampler::min_p(p.min_p, 1))
+                        }
+                        SamplerStage::Xtc if p.xtc_probability > 0.0 => stages.push(
+                            LlamaSampler::xtc(p.xtc_probability, p.xtc_threshold, 1, spec.seed),
+                        ),
+                        SamplerStage::Temperature => stages.push(LlamaSampler::temp(p.temperature)),
+                        _ => {}
+                    }
+                }
+                stages.push(LlamaSampler::dist(spec.seed));
+            }
+        }
+        Ok(LlamaSampler::chain(stages, true))
+    }
+}
+
+/// Builds a grammar sampler for a constraint.
+fn build_grammar(
+    model: &LlamaModel,
+    constraint: &OutputConstraint,
+) -> Result<LlamaSampler, SamplingError> {
+    let (gbnf, schema) = match constraint {
+        OutputConstraint::Grammar(g) => (g.clone(), false),
+        OutputConstraint::JsonObject => (json_object_grammar().to_string(), false),
+        OutputConstraint::JsonSchema(s) => (schema_to_gbnf(s)?, true),
+    };
+    if gbnf.trim().is_empty() {
+        return Err(SamplingError::Grammar("the grammar is empty".into()));
+    }
+    LlamaSampler::grammar(model, &gbnf, "root").map_err(|e| {
+        if schema {
+            SamplingError::Schema(format!("the converted grammar was rejected: {e}"))
+        } else {
+            SamplingError::Grammar(format!("llama.cpp could not parse it ({e})"))
+        }
+    })
+}
+
+/// Converts a JSON schema to GBNF with llama.cpp's converter.
+pub fn schema_to_gbnf(schema: &serde_json::Value) -> Result<String, SamplingError> {
+    if !schema.is_object() && !schema.is_boolean() {
+        return Err(SamplingError::Schema(
+            "a schema must be a JSON object".into(),
+        ));
+    }
+    let text = serde_json::to_string(schema).map_err(|e| SamplingError::Schema(e.to_string()))?;
+    llama_cpp_2::json_schema_to_grammar(&text).map_err(|e| SamplingError::Schema(e.to_string()))
+}
+
+/// A request's sampler: the chain, and a grammar kept apart so it is consulted
+/// only when the chain's pick breaks it (llama.cpp's grammar-rejection path).
+pub struct LlamaSamplerState {
+    chain: LlamaSampler,
+    grammar: Option<LlamaSampler>,
+}
+
+impl std::fmt::Debug for LlamaSamplerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaSamplerState")
+            .field("grammar", &self.grammar.is_some())
+            .finish()
+    }
+}
+
+impl LlamaSamplerState {
+    /// Resets the state for a new request with a new seed-free history.
+    pub fn reset(&mut self) {
+        self.chain.reset();
+        if let Some(g) = &mut self.grammar {
+            g.reset();
+        }
+    }
+}
+
+impl Backend for LlamaRuntime {
+    type Sampler = LlamaSamplerState;
+
+    fn vocab(&self) -> Arc<dyn Vocab> {
+        self.model.clone()
+    }
+
+    fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+
+    fn n_seq_max(&self) -> u32 {
+        self.n_seq_max
+    }
+
+    fn n_batch(&self) -> u32 {
+        self.n_batch
+    }
+
+    fn n_ubatch(&self) -> u32 {
+        self.n_ubatch
+    }
+
+    fn embedding_pooling(&self) -> Option<Pooling> {
+        self.pooling
+    }
+
+    fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
+        self.fill_batch(rows)?;
+        let result = self.ctx.decode(&mut self.batch).map_err(|e| match e {
+            llama_cpp_2::DecodeError::NoKvCacheSlot => BatchError::NoKvSpace,
+            llama_cpp_2::DecodeError::NTokensZero => BatchError::Failed(-1),
+            llama_cpp_2::DecodeError::Unknown(c) => BatchError::Failed(c),
+        });
+        if result.is_err() {
+            // llama.cpp only rolls back the micro-batch that failed; earlier ones
+            // of the same batch stay. Remove them so the KV holds none of it.
+            let mut first: std::collections::HashMap<SeqId, u32> = std::collections::HashMap::new();
+            for r in rows {
+                first
+                    .entry(r.seq)
+                    .and_modify(|p| *p = (*p).min(r.pos))
+                    .or_insert(r.pos);
+            }
+            for (seq, pos) in first {
+                let _ = self.ctx.kv_cache_seq_rm(seq, Some(pos), None);
+            }
+        }
+        result
+    }
+
+    fn encode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
+        self.fill_batch(rows)?;
+        self.ctx.encode(&mut self.batch).map_err(|e| match e {
+            llama_cpp_2::EncodeError::NoKvCacheSlot => BatchError::NoKvSpace,
+            llama_cpp_2::EncodeError::NTokensZero => BatchError::Failed(-1),
+            llama_cpp_2::EncodeError::Unknown(c) => BatchError::Failed(c),
+        })
+    }
+
+    fn logits(&self, row: usize) -> &[f32] {
+        self.ctx.get_logits_ith(row as i32)
+    }
+
+    fn embedding(&self, seq: SeqId, row: usize) -> Option<Vec<f32>> {
+        match self.pooling? {
+            Pooling::None => self
+                .ctx
+                .embeddings_ith(row as i32)
+                .ok()
+                .map(<[f32]>::to_vec),
+            _ => self.ctx.embeddings_seq_ith(seq).ok().map(<[f32]>::to_vec),
+        }
+    }
+
+    fn new_sampler(&self, spec: SamplerSpec<'_>) -> Result<Self::Sampler, SamplingError> {
+        let chain = self.build_chain(spec)?;
+        let grammar = spec
+            .constraint
+            .map(|c| build_grammar(&self.model.model, c))
+            .transpose()?;
+        Ok(LlamaSamplerState { chain, grammar })
+    }
+
+    fn reset_sampler(
+        &self,
+        sampler: &mut Self::Sampler,
+        spec: SamplerSpec<'_>,
+    ) -> Result<(), SamplingError> {
+        // The chain is cheap to build and carries the seed; the grammar (the
+        // expensive part) is only reset.
+        sampler.chain = self.build_chain(spec)?;
+        if let Some(g) = &mut sampler.grammar {
+            g.reset();
+        }
+        Ok(())
+    }
+
+    fn sampler_accept_prompt(&self, sampler: &mut Self::Sampler, tokens: &[Token]) {
+        // Only the chain sees the prompt: the grammar constrains generated text.
+        for &t in tokens {
+            sampler.chain.accept(LlamaToken(t));
+        }
+    }
+
+    fn sample(
+        &mut self,
+        sampler: &mut Self::Sampler,
+        row: usize,
+        top_logprobs: Option<usize>,
+    ) -> Result<Sampled, SampleError> {
+        let token = match &mut sampler.grammar {
+            None => sampler.chain.sample(&self.ctx, row as i32).0,
+            Some(grammar) => {
+                let logits = self.ctx.get_logits_ith(row as i32);
+                let fill = |buf: &mut Vec<LlamaTokenData>| {
+                    buf.clear();
+                    buf.extend(
+                        logits
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)),
+                    );
+                };
+                let mut buf = std::mem::take(&mut self.candidates);
+                fill(&mut buf);
+                let mut arr = LlamaTokenDataArray::new(buf, false);
+                arr.apply_sampler(&mut sampler.chain);
+                let first = arr.selected_token();
+                // Cheap check first: does the grammar allow the chain's pick?
+                let allowed = first.is_some_and(|tok| {
+                    let mut single =
+                        LlamaTokenDataArray::new(vec![LlamaTokenData::new(tok, 0.0, 0.0)], false);
+                    single.apply_sampler(grammar);
+                    single.data.first().is_some_and(|d| d.logit().is_finite())
+                });
+                let chosen = if allowed {
+                    first
+                } else {
+                    let mut buf = std::mem::take(&mut arr.data);
+                    fill(&mut buf);
+                    arr = LlamaTokenDataArray::new(buf, false);
+                    arr.apply_sampler(grammar);
+                    if arr.data.iter().all(|d| d.logit() == f32::NEG_INFINITY) {
+                        self.candidates = arr.data;
+                        return Err(SampleError::GrammarExhausted);
+                    }
+                    arr.apply_sampler(&mut sampler.chain);
+                    arr.selected_token()
+                };
+                self.candidates = arr.data;
+                let tok = chosen.ok_or(SampleError::GrammarExhausted)?;
+                grammar.accept(tok);
+                sampler.chain.accept(tok);
+                tok.0
+            }
+        };
+        let logprobs = top_logprobs
+            .map(|n| logprobs_from_logits(self.ctx.get_logits_ith(row as i32), token, n));
+        Ok(Sampled { token, logprobs })
+    }
+
+    fn kv_truncate(&mut self, seq: SeqId, from: u32) {
+        // Removing a tail of a sequence only fails on recurrent models; sipp
+        // clears the whole sequence then, which always succeeds.
+        if self.ctx.kv_cache_seq_rm(seq, Some(from), None).is_err() {
+            let _ = self.ctx.kv_cache_seq_rm(seq, None, None);
+        }
+    }
+
+    fn kv_share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) {
+        let _ = self.ctx.kv_cache_seq_cp(src, dst, Some(0), Some(len));
+    }
+
+    fn kv_cells_used(&self) -> Option<u32> {
+        None
+    }
+
+    fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8> {
+        let flags = LlamaStateSeqFlags::empty();
+        let size = self.ctx.state_seq_get_size_ext(seq, flags);
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` has exactly the size llama.cpp asked for.
+        let n = unsafe {
+            self.ctx
+                .state_seq_get_data_ext(buf.as_mut_ptr(), seq, flags)
+        };
+        buf.truncate(n);
+        buf
+    }
+
+    fn seq_state_restore(&mut self, seq: SeqId, state: &[u8]) -> Result<(), RuntimeError> {
+        // SAFETY: llama.cpp reads at most `state.len()` bytes from the slice.
+        let ok = unsafe {
+            self.ctx
+                .state_seq_set_data_ext(state, seq, LlamaStateSeqFlags::empty())
+        };
+        if ok {
+            Ok(())
+        } else {
+            let _ = self.ctx.kv_cache_seq_rm(seq, None, None);
+            Err(RuntimeError::StateRestore(format!(
+                "llama.cpp refused a {}-byte state for sequence {seq}",
+                state.len()
+            )))
+        }
+    }
+}

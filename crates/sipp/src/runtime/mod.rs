@@ -1,0 +1,350 @@
+//! The runtime boundary: the only layer that touches llama.cpp.
+//!
+//! [`Vocab`] is the thread-safe half of a model (tokenizer, metadata) that any
+//! thread may use; [`Backend`] is the half that owns a context and runs batches,
+//! used only by the engine thread. [`llama`] implements both on `llama-cpp-2`;
+//! [`fake`] implements both in plain Rust so the scheduler and the KV bookkeeping
+//! can be tested without a model.
+
+pub mod fake;
+pub mod gguf;
+pub mod llama;
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use crate::sampling::{OutputConstraint, SamplingError, SamplingParams};
+
+/// A token id in the model's vocabulary.
+pub type Token = i32;
+/// A KV cache sequence id.
+pub type SeqId = i32;
+
+/// How per-token embeddings are pooled into one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// One vector per token (the last token's is returned).
+    None,
+    /// Mean over the tokens.
+    Mean,
+    /// The first token's vector.
+    Cls,
+    /// The last token's vector.
+    Last,
+    /// A reranker score.
+    Rank,
+}
+
+impl Pooling {
+    /// The name used in APIs and metadata.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+            Pooling::Rank => "rank",
+        }
+    }
+}
+
+/// What a model is, read once at load.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelInfo {
+    /// Where the model came from.
+    pub path: String,
+    /// `general.architecture` (llama, bert, gemma3, ...).
+    pub architecture: String,
+    /// `general.name`, when present.
+    pub name: Option<String>,
+    /// llama.cpp's description (architecture, size, quantization).
+    pub description: String,
+    /// Parameter count.
+    pub n_params: u64,
+    /// Size of the weights in bytes.
+    pub size_bytes: u64,
+    /// Quantization (file type), e.g. "Q4_1".
+    pub quantization: String,
+    /// Training context length.
+    pub n_ctx_train: u32,
+    /// Vocabulary size.
+    pub n_vocab: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Layer count.
+    pub n_layer: u32,
+    /// Beginning-of-sequence token, when the model has one.
+    pub bos: Option<Token>,
+    /// End-of-sequence token, when the model has one.
+    pub eos: Option<Token>,
+    /// End-of-turn token, when the model has one.
+    pub eot: Option<Token>,
+    /// Whether the tokenizer adds BOS to a prompt.
+    pub add_bos: bool,
+    /// Whether the model has a decoder (can generate).
+    pub has_decoder: bool,
+    /// Whether the model has an encoder (BERT-like).
+    pub has_encoder: bool,
+    /// Pooling declared in the GGUF metadata.
+    pub pooling: Option<Pooling>,
+    /// `tokenizer.chat_template`, when present.
+    pub chat_template: Option<String>,
+    /// A stable identity of the weights (file size and a hash of the header),
+    /// used to refuse KV snapshots from another model.
+    pub fingerprint: String,
+}
+
+impl ModelInfo {
+    /// Text form of a special token, for display.
+    pub fn special_tokens(&self, vocab: &dyn Vocab) -> Vec<(String, Token, String)> {
+        let mut out = Vec::new();
+        for (name, tok) in [("bos", self.bos), ("eos", self.eos), ("eot", self.eot)] {
+            if let Some(t) = tok {
+                out.push((name.to_string(), t, vocab.token_text(t)));
+            }
+        }
+        out
+    }
+
+    /// Whether generation is possible.
+    pub fn can_generate(&self) -> bool {
+        self.has_decoder
+    }
+}
+
+/// Errors of the runtime layer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RuntimeError {
+    /// The model file is missing or not a usable GGUF.
+    #[error(transparent)]
+    InvalidModel(#[from] gguf::GgufError),
+    /// llama.cpp failed to load the model.
+    #[error("failed to load model {path}: {message}")]
+    Load {
+        /// The file.
+        path: String,
+        /// What llama.cpp said.
+        message: String,
+    },
+    /// llama.cpp failed to create a context.
+    #[error("failed to create a context: {0}")]
+    Context(String),
+    /// Tokenization failed.
+    #[error("tokenization failed: {0}")]
+    Tokenize(String),
+    /// A KV state blob could not be restored.
+    #[error("KV state restore failed: {0}")]
+    StateRestore(String),
+}
+
+/// Why a batch failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    /// The KV cache has no room for the batch; freeing cells and retrying may work.
+    #[error("no KV cache space for the batch")]
+    NoKvSpace,
+    /// llama.cpp reported another failure.
+    #[error("llama.cpp batch failed with code {0}")]
+    Failed(i32),
+}
+
+/// One token of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchRow {
+    /// The token.
+    pub token: Token,
+    /// Its position in its sequence.
+    pub pos: u32,
+    /// The sequence it belongs to.
+    pub seq: SeqId,
+    /// Whether logits (or an embedding) are needed for this row.
+    pub output: bool,
+}
+
+/// The thread-safe half of a model: tokenizer and metadata.
+pub trait Vocab: Send + Sync {
+    /// Metadata read at load.
+    fn info(&self) -> &ModelInfo;
+    /// Tokenizes text. `add_special` adds BOS (and EOS/SEP where the model
+    /// wants them); `parse_special` turns special-token text into special tokens.
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>, RuntimeError>;
+    /// The bytes a token contributes to generated text (special tokens render as
+    /// nothing). May be part of a UTF-8 character.
+    fn token_bytes(&self, token: Token) -> Vec<u8>;
+    /// The token's text as stored in the vocabulary (special tokens included).
+    fn token_text(&self, token: Token) -> String;
+    /// Whether the token ends generation (EOS, EOT and the like).
+    fn is_eog(&self, token: Token) -> bool;
+    /// Checks that a grammar or schema can be built, without a context.
+    fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), SamplingError>;
+
+    /// Detokenizes a whole sequence (lossy at invalid UTF-8).
+    fn detokenize(&self, tokens: &[Token]) -> String {
+        let mut bytes = Vec::new();
+        for &t in tokens {
+            bytes.extend(self.token_bytes(t));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// What a sampler is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct SamplerSpec<'a> {
+    /// Settings.
+    pub params: &'a SamplingParams,
+    /// Grammar or schema, if any.
+    pub constraint: Option<&'a OutputConstraint>,
+    /// The seed to use (already drawn when the request gave none).
+    pub seed: u32,
+}
+
+/// One candidate token and its log-probability.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: Token,
+    /// Natural-log probability under the model's distribution.
+    pub logprob: f32,
+}
+
+/// The chosen token's log-probability and the best alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SampledLogprobs {
+    /// The chosen token.
+    pub chosen: TokenLogprob,
+    /// The top alternatives, most likely first.
+    pub top: Vec<TokenLogprob>,
+}
+
+/// A sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: Token,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Option<SampledLogprobs>,
+}
+
+/// Why sampling failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SampleError {
+    /// The grammar allows no token here (it cannot be satisfied any more).
+    #[error("the grammar cannot be satisfied: no token is allowed at this point")]
+    GrammarExhausted,
+}
+
+/// The half of a model that owns a context: batches, logits, KV sequences.
+/// Used only by the engine thread.
+pub trait Backend {
+    /// A per-request sampler (a llama.cpp sampler chain, or the fake's).
+    type Sampler;
+
+    /// The shared vocabulary.
+    fn vocab(&self) -> Arc<dyn Vocab>;
+    /// KV cache size in tokens (shared by all sequences).
+    fn n_ctx(&self) -> u32;
+    /// Number of KV sequences the context was created for.
+    fn n_seq_max(&self) -> u32;
+    /// Largest batch `decode` accepts.
+    fn n_batch(&self) -> u32;
+    /// Largest micro-batch (a pooled embedding must fit in one).
+    fn n_ubatch(&self) -> u32;
+    /// Whether this context produces embeddings, and with which pooling.
+    fn embedding_pooling(&self) -> Option<Pooling>;
+
+    /// Runs the decoder over the rows. On error the KV cache holds none of them.
+    fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError>;
+    /// Runs the encoder over the rows (encoder models).
+    fn encode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError>;
+    /// The logits of an output row of the last batch.
+    fn logits(&self, row: usize) -> &[f32];
+    /// The pooled embedding of a sequence after the last batch (or, without
+    /// pooling, the embedding of the given output row).
+    fn embedding(&self, seq: SeqId, row: usize) -> Option<Vec<f32>>;
+
+    /// Builds a sampler; fails on an invalid grammar or schema.
+    fn new_sampler(&self, spec: SamplerSpec<'_>) -> Result<Self::Sampler, SamplingError>;
+    /// Makes a cached sampler fresh for a new request (new seed, clean state).
+    fn reset_sampler(
+        &self,
+        sampler: &mut Self::Sampler,
+        spec: SamplerSpec<'_>,
+    ) -> Result<(), SamplingError>;
+    /// Shows the sampler tokens it did not pick (the prompt, for penalties).
+    fn sampler_accept_prompt(&self, sampler: &mut Self::Sampler, tokens: &[Token]);
+    /// Samples from an output row of the last batch and accepts the token.
+    fn sample(
+        &mut self,
+        sampler: &mut Self::Sampler,
+        row: usize,
+        top_logprobs: Option<usize>,
+    ) -> Result<Sampled, SampleError>;
+
+    /// Removes positions `from..` of a sequence.
+    fn kv_truncate(&mut self, seq: SeqId, from: u32);
+    /// Makes `dst` share `src`'s cells for positions `0..len` (`dst` must be empty).
+    fn kv_share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32);
+    /// Cells in use (distinct positions held by any sequence), when known.
+    fn kv_cells_used(&self) -> Option<u32>;
+    /// Serializes a sequence's KV state.
+    fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8>;
+    /// Restores a sequence's KV state into an empty sequence.
+    fn seq_state_restore(&mut self, seq: SeqId, state: &[u8]) -> Result<(), RuntimeError>;
+}
+
+/// Numerically stable log-softmax of the chosen token and the top `n`.
+pub fn logprobs_from_logits(logits: &[f32], chosen: Token, n: usize) -> SampledLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = max + sum.ln() as f32;
+    let lp = |t: Token| TokenLogprob {
+        token: t,
+        logprob: logits
+            .get(t as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - log_z),
+    };
+    let mut top: Vec<TokenLogprob> = Vec::with_capacity(n);
+    if n > 0 {
+        // Partial selection keeps this O(vocab) for small n.
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        let k = n.min(idx.len());
+        if k > 0 {
+            idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+            idx.truncate(k);
+            idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            top = idx.into_iter().map(|i| lp(i as Token)).collect();
+        }
+    }
+    SampledLogprobs {
+        chosen: lp(chosen),
+        top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_sorted_normalized_and_contain_argmax() {
+        let logits = vec![1.0, 3.0, 2.0, -1.0];
+        let lp = logprobs_from_logits(&logits, 2, 3);
+        assert_eq!(
+            lp.top.iter().map(|t| t.token).collect::<Vec<_>>(),
+            vec![1, 2, 0]
+        );
+        let total: f32 = (0..4)
+            .map(|t| logprobs_from_logits(&logits, t, 0).chosen.logprob.exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-5);
+        assert!(lp.top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+        assert!(lp.chosen.logprob < 0.0 && lp.chosen.logprob.is_finite());
+    }
+}
