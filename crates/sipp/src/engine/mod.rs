@@ -66,6 +66,29 @@ pub struct EngineInfo {
     pub max_tokens_limit: u32,
 }
 
+impl EngineInfo {
+    /// What an engine on this backend with this config can do.
+    pub fn new<B: Backend>(backend: &B, config: &NativeRuntimeConfig) -> Self {
+        let model = backend.vocab().info().clone();
+        let pooling = backend.embedding_pooling();
+        let encoder_only = model.has_encoder && !model.has_decoder;
+        let budget = (config.step_budget() as usize).min(backend.n_batch() as usize);
+        EngineInfo {
+            n_ctx: backend.n_ctx(),
+            slots: config.slots() as usize,
+            max_embedding_tokens: budget.min(backend.n_ubatch() as usize),
+            embedding_pooling: pooling,
+            // A decoder context computing pooled embeddings yields no logits.
+            can_generate: !encoder_only && pooling.is_none_or(|p| p == Pooling::None),
+            sampling: config.sampling.clone(),
+            max_queued: config.scheduler.max_queued_requests as usize,
+            default_max_tokens: config.scheduler.default_max_tokens,
+            max_tokens_limit: config.scheduler.max_tokens_limit,
+            model,
+        }
+    }
+}
+
 /// Validates and tokenizes requests on the caller's thread.
 #[derive(Clone)]
 pub struct RequestPreparer {
@@ -350,23 +373,7 @@ impl Engine {
     /// Starts an engine on any backend (the fake one in tests).
     pub fn start<B: Backend + Send + 'static>(backend: B, config: NativeRuntimeConfig) -> Engine {
         let vocab = backend.vocab();
-        let model = vocab.info().clone();
-        let pooling = backend.embedding_pooling();
-        let encoder_only = model.has_encoder && !model.has_decoder;
-        let budget = (config.step_budget() as usize).min(backend.n_batch() as usize);
-        let info = EngineInfo {
-            n_ctx: backend.n_ctx(),
-            slots: config.slots() as usize,
-            max_embedding_tokens: budget.min(backend.n_ubatch() as usize),
-            embedding_pooling: pooling,
-            // A decoder context computing pooled embeddings yields no logits.
-            can_generate: !encoder_only && pooling.is_none_or(|p| p == Pooling::None),
-            sampling: config.sampling.clone(),
-            max_queued: config.scheduler.max_queued_requests as usize,
-            default_max_tokens: config.scheduler.default_max_tokens,
-            max_tokens_limit: config.scheduler.max_tokens_limit,
-            model,
-        };
+        let info = EngineInfo::new(&backend, &config);
         let preparer = RequestPreparer::new(vocab, info);
         let metrics = Arc::new(EngineMetrics::default());
         let queued = Arc::new(AtomicUsize::new(0));

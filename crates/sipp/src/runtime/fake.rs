@@ -202,6 +202,8 @@ pub struct FakeBackend {
     seq_embeddings: std::collections::HashMap<SeqId, Vec<f32>>,
     /// Batches run so far (for tests).
     pub batches: u64,
+    /// The largest batch seen (for tests).
+    pub max_batch_rows: usize,
     /// Fail the next this-many batches with "no KV space" (failure injection).
     pub inject_no_kv: u32,
 }
@@ -218,6 +220,7 @@ impl FakeBackend {
             row_seqs: Vec::new(),
             seq_embeddings: std::collections::HashMap::new(),
             batches: 0,
+            max_batch_rows: 0,
             inject_no_kv: 0,
         }
     }
@@ -286,8 +289,9 @@ impl FakeBackend {
         if self.cfg.eos_one_in > 0 && h % self.cfg.eos_one_in == 0 {
             return (EOS, Token::from(b'e'));
         }
-        let first = ALPHABET[(h / 7) as usize % ALPHABET.len()];
-        let second = ALPHABET[(h / 11) as usize % ALPHABET.len()];
+        let i = (h / 7) as usize % ALPHABET.len();
+        let j = (i + 1 + (h / 11) as usize % (ALPHABET.len() - 1)) % ALPHABET.len();
+        let (first, second) = (ALPHABET[i], ALPHABET[j]);
         (
             Token::from(first.as_bytes()[0]),
             Token::from(second.as_bytes()[0]),
@@ -306,7 +310,8 @@ impl FakeBackend {
         v
     }
 
-    fn check_batch(&self, rows: &[BatchRow]) -> Result<(), BatchError> {
+    fn check_batch(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
+        self.max_batch_rows = self.max_batch_rows.max(rows.len());
         if rows.is_empty() {
             return Err(BatchError::Failed(-1));
         }

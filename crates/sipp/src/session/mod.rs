@@ -427,19 +427,15 @@ impl KvSessions {
                 }
             }
         };
-        let cleared = {
-            let len = self.seqs[seq as usize].resident.len();
-            match candidate {
-                CacheCandidate::SameSequence => len > reused,
-                _ => len > 0,
-            }
-        };
-
+        let (mut seq, mut candidate, mut reused) = (seq, candidate, reused);
         // Room check before touching anything: the tokens still to compute must
-        // fit, counting what clearing the chosen sequence frees.
-        let need = (prompt.len() - reused) as u32;
-        while self.cells_free() + self.freed_by_clearing(seq, reused, &candidate) < need {
-            // Evict idle sequences other than the chosen one and the source.
+        // fit, counting what clearing the chosen sequence frees. Idle sequences
+        // go first; then the reuse plan is given up step by step.
+        loop {
+            let need = (prompt.len() - reused) as u32;
+            if self.cells_free() + self.freed_by_clearing(seq, reused, &candidate) >= need {
+                break;
+            }
             let keep_src = match candidate {
                 CacheCandidate::SharedFrom(s) => Some(s),
                 _ => None,
@@ -454,11 +450,30 @@ impl KvSessions {
                 })
                 .min_by_key(|(_, s)| s.last_used)
                 .map(|(i, _)| i as SeqId);
-            match victim {
-                Some(v) => self.evict(kv, v),
-                None => return None,
+            if let Some(v) = victim {
+                self.evict(kv, v);
+                continue;
+            }
+            match candidate {
+                // Continue in the idle source itself: truncating its tail frees cells.
+                CacheCandidate::SharedFrom(src) if !self.seqs[src as usize].leased => {
+                    seq = src;
+                    candidate = CacheCandidate::SameSequence;
+                }
+                CacheCandidate::None => return None,
+                _ => {
+                    candidate = CacheCandidate::None;
+                    reused = 0;
+                }
             }
         }
+        let cleared = {
+            let len = self.seqs[seq as usize].resident.len();
+            match candidate {
+                CacheCandidate::SameSequence => len > reused,
+                _ => len > 0,
+            }
+        };
 
         let lease = self.lease(seq, context_key);
         let mut reused_tokens = reused;
@@ -481,12 +496,17 @@ impl KvSessions {
                 if !self.seqs[seq as usize].resident.is_empty() {
                     self.evict(kv, seq);
                 }
+                // Evicting the sequence above may have pushed snapshots out of
+                // the LRU, so what is restored is matched against the prompt again.
                 let restored = match self.snapshots.take_for(prompt, &mut self.stats) {
-                    Some((tokens, state)) => self.restore_raw(kv, seq, &tokens, &state),
-                    None => false,
+                    Some((tokens, state)) if self.restore_raw(kv, seq, &tokens, &state) => {
+                        Some(tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(cap))
+                    }
+                    _ => None,
                 };
-                if restored {
-                    self.truncate_raw(kv, seq, reused);
+                if let Some(n) = restored {
+                    self.truncate_raw(kv, seq, n);
+                    reused_tokens = n;
                 } else {
                     candidate = CacheCandidate::None;
                     reused_tokens = 0;
