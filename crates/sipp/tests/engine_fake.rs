@@ -41,14 +41,18 @@ fn greedy(prompt: &str, n: u32) -> GenerateRequest {
     }
 }
 
-const SYSTEM: &str = "You are a careful assistant. Always answer in one short sentence, and never use lists. ";
+const SYSTEM: &str =
+    "You are a careful assistant. Always answer in one short sentence, and never use lists. ";
 
 #[test]
 fn shared_prefix_is_computed_once_for_concurrent_requests() {
     let run = |mode| {
         let e = engine(4, mode, FakeConfig::default());
         let handles: Vec<_> = (0..4)
-            .map(|i| e.generate(greedy(&format!("{SYSTEM}Question {i}?"), 8)).expect("submit"))
+            .map(|i| {
+                e.generate(greedy(&format!("{SYSTEM}Question {i}?"), 8))
+                    .expect("submit")
+            })
             .collect();
         let texts: Vec<_> = handles
             .into_iter()
@@ -62,8 +66,16 @@ fn shared_prefix_is_computed_once_for_concurrent_requests() {
         assert_eq!(a.text, b.text);
     }
     let cached: usize = shared.iter().map(|c| c.usage.cached_tokens).sum();
-    assert!(cached >= 3 * (SYSTEM.len() - 8), "three requests should share the system prompt, cached {cached}");
-    assert!(m_shared.batch_rows + 3 * 60 < m_off.batch_rows, "rows {} vs {}", m_shared.batch_rows, m_off.batch_rows);
+    assert!(
+        cached >= 3 * (SYSTEM.len() - 8),
+        "three requests should share the system prompt, cached {cached}"
+    );
+    assert!(
+        m_shared.batch_rows + 3 * 60 < m_off.batch_rows,
+        "rows {} vs {}",
+        m_shared.batch_rows,
+        m_off.batch_rows
+    );
     assert_eq!(m_off.prefix_reused_tokens, 0);
 }
 
@@ -71,25 +83,64 @@ fn shared_prefix_is_computed_once_for_concurrent_requests() {
 fn snapshot_restores_an_evicted_prefix() {
     let mut cfg = config(1, CacheMode::SharedPrefix);
     cfg.cache.idle_sequences = 0;
-    let e = Engine::start(FakeBackend::new(FakeConfig { n_seq_max: 1, n_batch: 64, n_ubatch: 64, ..FakeConfig::default() }), cfg);
-    let first = e.generate(greedy(&format!("{SYSTEM}First."), 4)).expect("submit").blocking_completion().expect("ok");
+    let e = Engine::start(
+        FakeBackend::new(FakeConfig {
+            n_seq_max: 1,
+            n_batch: 64,
+            n_ubatch: 64,
+            ..FakeConfig::default()
+        }),
+        cfg,
+    );
+    let first = e
+        .generate(greedy(&format!("{SYSTEM}First."), 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("ok");
     // A different prompt evicts the only sequence: its KV is snapshotted.
-    e.generate(greedy("Something else entirely, long enough to matter.", 4)).expect("submit").blocking_completion().expect("ok");
-    let again = e.generate(greedy(&format!("{SYSTEM}First."), 4)).expect("submit").blocking_completion().expect("ok");
+    e.generate(greedy("Something else entirely, long enough to matter.", 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("ok");
+    let again = e
+        .generate(greedy(&format!("{SYSTEM}First."), 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("ok");
     let m = e.metrics();
     assert!(m.snapshot_saves >= 1 && m.snapshot_restores >= 1, "{m:?}");
     assert_eq!(first.text, again.text);
-    assert!(again.usage.cached_tokens >= SYSTEM.len(), "cached {}", again.usage.cached_tokens);
+    assert!(
+        again.usage.cached_tokens >= SYSTEM.len(),
+        "cached {}",
+        again.usage.cached_tokens
+    );
 }
 
 #[test]
 fn kv_pressure_preempts_and_everyone_finishes() {
-    let e = engine(4, CacheMode::Off, FakeConfig { n_ctx: 160, eos_one_in: 0, ..FakeConfig::default() });
+    let e = engine(
+        4,
+        CacheMode::Off,
+        FakeConfig {
+            n_ctx: 160,
+            eos_one_in: 0,
+            ..FakeConfig::default()
+        },
+    );
     let handles: Vec<_> = (0..4)
-        .map(|i| e.generate(greedy(&format!("Prompt number {i} with some padding text."), 30)).expect("submit"))
+        .map(|i| {
+            e.generate(greedy(
+                &format!("Prompt number {i} with some padding text."),
+                30,
+            ))
+            .expect("submit")
+        })
         .collect();
     for h in handles {
-        let c = h.blocking_completion().expect("completes despite KV pressure");
+        let c = h
+            .blocking_completion()
+            .expect("completes despite KV pressure");
         assert_eq!(c.usage.completion_tokens, 30);
     }
     assert!(e.metrics().preemptions > 0, "{:?}", e.metrics());
@@ -98,19 +149,43 @@ fn kv_pressure_preempts_and_everyone_finishes() {
 #[test]
 fn a_failing_request_fails_alone() {
     let e = engine(4, CacheMode::SharedPrefix, FakeConfig::default());
-    let bad = e.generate(greedy("This prompt is poisoned <poison> here.", 8)).expect("submit");
-    let good: Vec<_> = (0..3).map(|i| e.generate(greedy(&format!("Healthy prompt {i}"), 8)).expect("submit")).collect();
-    let err = bad.blocking_completion().expect_err("poisoned request fails");
+    let bad = e
+        .generate(greedy("This prompt is poisoned <poison> here.", 8))
+        .expect("submit");
+    let good: Vec<_> = (0..3)
+        .map(|i| {
+            e.generate(greedy(&format!("Healthy prompt {i}"), 8))
+                .expect("submit")
+        })
+        .collect();
+    let err = bad
+        .blocking_completion()
+        .expect_err("poisoned request fails");
     assert!(matches!(err, EngineError::Decode(_)), "{err}");
     for g in good {
-        assert_eq!(g.blocking_completion().expect("others finish").usage.completion_tokens, 8);
+        assert_eq!(
+            g.blocking_completion()
+                .expect("others finish")
+                .usage
+                .completion_tokens,
+            8
+        );
     }
 }
 
 #[test]
 fn cancel_mid_stream_frees_the_slot() {
-    let e = engine(1, CacheMode::SharedPrefix, FakeConfig { eos_one_in: 0, ..FakeConfig::default() });
-    let mut h = e.generate(greedy("Tell me a very long story.", 100_000)).expect("submit");
+    let e = engine(
+        1,
+        CacheMode::SharedPrefix,
+        FakeConfig {
+            eos_one_in: 0,
+            ..FakeConfig::default()
+        },
+    );
+    let mut h = e
+        .generate(greedy("Tell me a very long story.", 100_000))
+        .expect("submit");
     let mut deltas = 0;
     while let Some(ev) = h.blocking_next_event() {
         if let RequestEvent::Delta(_) = ev {
@@ -124,18 +199,33 @@ fn cancel_mid_stream_frees_the_slot() {
             break;
         }
     }
-    let next = e.generate(greedy("Next request", 4)).expect("submit").blocking_completion().expect("runs");
+    let next = e
+        .generate(greedy("Next request", 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("runs");
     assert_eq!(next.usage.completion_tokens, 4);
     assert_eq!(e.metrics().requests_cancelled, 1);
 }
 
 #[test]
 fn dropping_the_handle_cancels() {
-    let e = engine(1, CacheMode::SharedPrefix, FakeConfig { eos_one_in: 0, ..FakeConfig::default() });
+    let e = engine(
+        1,
+        CacheMode::SharedPrefix,
+        FakeConfig {
+            eos_one_in: 0,
+            ..FakeConfig::default()
+        },
+    );
     let h = e.generate(greedy("Endless", 100_000)).expect("submit");
     std::thread::sleep(Duration::from_millis(20));
     drop(h);
-    let c = e.generate(greedy("After", 3)).expect("submit").blocking_completion().expect("runs");
+    let c = e
+        .generate(greedy("After", 3))
+        .expect("submit")
+        .blocking_completion()
+        .expect("runs");
     assert_eq!(c.usage.completion_tokens, 3);
     for _ in 0..100 {
         if e.metrics().busy_slots == 0 {
@@ -151,8 +241,19 @@ fn dropping_the_handle_cancels() {
 fn queue_full_is_rejected_at_once() {
     let mut cfg = config(1, CacheMode::Off);
     cfg.scheduler.max_queued_requests = 2;
-    let e = Engine::start(FakeBackend::new(FakeConfig { n_seq_max: 3, n_batch: 64, n_ubatch: 64, eos_one_in: 0, ..FakeConfig::default() }), cfg);
-    let held: Vec<_> = (0..2).map(|_| e.generate(greedy("x", 100_000)).expect("queued")).collect();
+    let e = Engine::start(
+        FakeBackend::new(FakeConfig {
+            n_seq_max: 3,
+            n_batch: 64,
+            n_ubatch: 64,
+            eos_one_in: 0,
+            ..FakeConfig::default()
+        }),
+        cfg,
+    );
+    let held: Vec<_> = (0..2)
+        .map(|_| e.generate(greedy("x", 100_000)).expect("queued"))
+        .collect();
     // Whether or not one was admitted yet, a third and fourth exceed the limit
     // only when both are still waiting; fill until rejected.
     let mut rejected = None;
@@ -166,22 +267,50 @@ fn queue_full_is_rejected_at_once() {
             }
         }
     }
-    assert!(matches!(rejected, Some(EngineError::QueueFull { max_queued: 2 })), "{rejected:?}");
+    assert!(
+        matches!(rejected, Some(EngineError::QueueFull { max_queued: 2 })),
+        "{rejected:?}"
+    );
     drop(held);
 }
 
 #[test]
 fn bad_input_is_rejected_before_a_slot() {
-    let e = engine(1, CacheMode::Off, FakeConfig { n_ctx: 64, ..FakeConfig::default() });
+    let e = engine(
+        1,
+        CacheMode::Off,
+        FakeConfig {
+            n_ctx: 64,
+            ..FakeConfig::default()
+        },
+    );
     let long = "z".repeat(100);
-    assert!(matches!(e.generate(greedy(&long, 1)), Err(EngineError::PromptTooLong { prompt_tokens: 101, n_ctx: 64 })));
-    assert!(matches!(e.generate(greedy("", 1)), Err(EngineError::EmptyPrompt)));
     assert!(matches!(
-        e.generate(GenerateRequest { max_tokens: Some(0), ..GenerateRequest::new("a") }),
-        Err(EngineError::InvalidRequest { field: "max_tokens", .. })
+        e.generate(greedy(&long, 1)),
+        Err(EngineError::PromptTooLong {
+            prompt_tokens: 101,
+            n_ctx: 64
+        })
+    ));
+    assert!(matches!(
+        e.generate(greedy("", 1)),
+        Err(EngineError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        e.generate(GenerateRequest {
+            max_tokens: Some(0),
+            ..GenerateRequest::new("a")
+        }),
+        Err(EngineError::InvalidRequest {
+            field: "max_tokens",
+            ..
+        })
     ));
     let bad = GenerateRequest {
-        sampling: Some(SamplingParams { top_p: 0.0, ..SamplingParams::default() }),
+        sampling: Some(SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        }),
         ..GenerateRequest::new("a")
     };
     let msg = e.generate(bad).unwrap_err().to_string();
@@ -193,19 +322,33 @@ fn bad_input_is_rejected_before_a_slot() {
     assert!(e.generate(bad).unwrap_err().to_string().contains("grammar"));
     assert!(matches!(
         e.generate(GenerateRequest::new(PromptInput::Tokens(vec![1, 999_999]))),
-        Err(EngineError::InvalidRequest { field: "prompt", .. })
+        Err(EngineError::InvalidRequest {
+            field: "prompt",
+            ..
+        })
     ));
     assert_eq!(e.metrics().busy_slots, 0);
 }
 
 #[test]
 fn exhausted_grammar_fails_with_a_clear_error() {
-    let e = engine(1, CacheMode::Off, FakeConfig { eos_one_in: 0, ..FakeConfig::default() });
+    let e = engine(
+        1,
+        CacheMode::Off,
+        FakeConfig {
+            eos_one_in: 0,
+            ..FakeConfig::default()
+        },
+    );
     let req = GenerateRequest {
         constraint: Some(OutputConstraint::Grammar(EXHAUSTING_GRAMMAR.into())),
         ..greedy("abc", 50)
     };
-    let err = e.generate(req).expect("submit").blocking_completion().unwrap_err();
+    let err = e
+        .generate(req)
+        .expect("submit")
+        .blocking_completion()
+        .unwrap_err();
     assert_eq!(err, EngineError::GrammarExhausted { generated: 3 });
 }
 
@@ -214,17 +357,34 @@ fn embeddings_batch_across_slots_and_match_one_by_one() {
     let mut cfg = config(8, CacheMode::SharedPrefix);
     cfg.cache.idle_sequences = 0;
     let e = Engine::start(
-        FakeBackend::new(FakeConfig { n_seq_max: 8, n_batch: 64, n_ubatch: 64, encoder_only: true, ..FakeConfig::default() }),
+        FakeBackend::new(FakeConfig {
+            n_seq_max: 8,
+            n_batch: 64,
+            n_ubatch: 64,
+            encoder_only: true,
+            ..FakeConfig::default()
+        }),
         cfg,
     );
     let inputs: Vec<String> = (0..16).map(|i| format!("sentence {i}")).collect();
     let one_by_one: Vec<_> = inputs
         .iter()
-        .map(|s| e.embed(EmbedRequest::new(s.as_str())).expect("submit").blocking_embedding().expect("ok"))
+        .map(|s| {
+            e.embed(EmbedRequest::new(s.as_str()))
+                .expect("submit")
+                .blocking_embedding()
+                .expect("ok")
+        })
         .collect();
     let steps_before = e.metrics().steps;
-    let handles: Vec<_> = inputs.iter().map(|s| e.embed(EmbedRequest::new(s.as_str())).expect("submit")).collect();
-    let together: Vec<_> = handles.into_iter().map(|h| h.blocking_embedding().expect("ok")).collect();
+    let handles: Vec<_> = inputs
+        .iter()
+        .map(|s| e.embed(EmbedRequest::new(s.as_str())).expect("submit"))
+        .collect();
+    let together: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.blocking_embedding().expect("ok"))
+        .collect();
     let steps = e.metrics().steps - steps_before;
     assert!(steps < 16, "16 inputs took {steps} steps: not batched");
     for (a, b) in one_by_one.iter().zip(&together) {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use sipp::config::{CacheMode, NativeRuntimeConfig};
 use sipp::engine::{
-    Completion, EngineCore, EngineError, EngineInfo, EngineMetrics, GenerateRequest, PromptInput, RequestEvent,
-    RequestPreparer,
+    Completion, EngineCore, EngineError, EngineInfo, EngineMetrics, GenerateRequest, PromptInput,
+    RequestEvent, RequestPreparer,
 };
 use sipp::runtime::fake::{FakeBackend, FakeConfig};
 use sipp::runtime::{Backend, Token};
@@ -56,22 +56,29 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         0usize..60,
         proptest::collection::vec(proptest::sample::select(b"abcdest .".to_vec()), 1..30),
         1u32..24,
-        proptest::option::weighted(0.3, proptest::sample::select(vec!["a", "e ", "st", "é"]).prop_map(String::from)),
+        proptest::option::weighted(
+            0.3,
+            proptest::sample::select(vec!["a", "e ", "st", "é"]).prop_map(String::from),
+        ),
         proptest::option::weighted(0.2, 0usize..20),
         proptest::bool::weighted(0.08),
         proptest::bool::weighted(0.7),
     )
-        .prop_map(|(step, base, prefix_len, suffix, max_tokens, stop, cancel_after, poison, greedy)| Arrival {
-            step,
-            base,
-            prefix_len,
-            suffix,
-            max_tokens,
-            stop,
-            cancel_after,
-            poison,
-            greedy,
-        })
+        .prop_map(
+            |(step, base, prefix_len, suffix, max_tokens, stop, cancel_after, poison, greedy)| {
+                Arrival {
+                    step,
+                    base,
+                    prefix_len,
+                    suffix,
+                    max_tokens,
+                    stop,
+                    cancel_after,
+                    poison,
+                    greedy,
+                }
+            },
+        )
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -80,24 +87,36 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         0u32..60,
         prop_oneof![Just(96u32), Just(160), Just(400), Just(2048)],
         0u32..4,
-        prop_oneof![Just(CacheMode::Off), Just(CacheMode::LiveSlotPrefix), Just(CacheMode::SharedPrefix)],
+        prop_oneof![
+            Just(CacheMode::Off),
+            Just(CacheMode::LiveSlotPrefix),
+            Just(CacheMode::SharedPrefix)
+        ],
         proptest::collection::vec(arrival(), 1..14),
         proptest::collection::vec(0usize..80, 0..3),
     )
-        .prop_map(|(slots, extra, n_ctx, idle_sequences, mode, arrivals, no_kv_steps)| Scenario {
-            slots,
-            budget: slots + 4 + extra,
-            n_ctx,
-            idle_sequences,
-            mode,
-            arrivals,
-            no_kv_steps,
-        })
+        .prop_map(
+            |(slots, extra, n_ctx, idle_sequences, mode, arrivals, no_kv_steps)| Scenario {
+                slots,
+                budget: slots + 4 + extra,
+                n_ctx,
+                idle_sequences,
+                mode,
+                arrivals,
+                no_kv_steps,
+            },
+        )
 }
 
 fn prompt_text(a: &Arrival) -> String {
     let base = BASES[a.base];
-    let cut = base.char_indices().map(|(i, _)| i).chain([base.len()]).take_while(|&i| i <= a.prefix_len).last().unwrap_or(0);
+    let cut = base
+        .char_indices()
+        .map(|(i, _)| i)
+        .chain([base.len()])
+        .take_while(|&i| i <= a.prefix_len)
+        .last()
+        .unwrap_or(0);
     let mut s = base[..cut].to_string();
     s.push_str(&String::from_utf8_lossy(&a.suffix));
     if a.poison {
@@ -136,7 +155,12 @@ fn harness(sc: &Scenario) -> Harness {
     let info = EngineInfo::new(&backend, &cfg);
     let preparer = RequestPreparer::new(backend.vocab(), info);
     let queued = Arc::new(AtomicUsize::new(0));
-    let core = EngineCore::new(backend, &cfg, Arc::new(EngineMetrics::default()), queued.clone());
+    let core = EngineCore::new(
+        backend,
+        &cfg,
+        Arc::new(EngineMetrics::default()),
+        queued.clone(),
+    );
     Harness {
         core,
         preparer,
@@ -159,22 +183,48 @@ fn check_invariants(h: &Harness) -> Result<(), TestCaseError> {
     let backend = h.core.backend();
     // The mirror equals what the backend holds, sequence by sequence.
     for seq in 0..h.n_seq as i32 {
-        prop_assert_eq!(sessions.resident_tokens(seq), backend.seq_tokens(seq), "mirror of sequence {}", seq);
+        prop_assert_eq!(
+            sessions.resident_tokens(seq),
+            backend.seq_tokens(seq),
+            "mirror of sequence {}",
+            seq
+        );
     }
-    prop_assert_eq!(sessions.cells_used(), backend.used_cells(), "cell accounting");
+    prop_assert_eq!(
+        sessions.cells_used(),
+        backend.used_cells(),
+        "cell accounting"
+    );
     // Busy slots hold current leases on distinct sequences.
     let mut seqs = std::collections::HashSet::new();
     for s in h.core.slots() {
         if let Some(w) = &s.work {
             let lease = sipp::scheduler::HasTokens::tokens(w).lease;
-            prop_assert!(sessions.check(lease).is_ok(), "slot {} holds a stale lease", s.slot_id);
-            prop_assert!(seqs.insert(lease.seq_id), "sequence {} shared by two slots", lease.seq_id);
+            prop_assert!(
+                sessions.check(lease).is_ok(),
+                "slot {} holds a stale lease",
+                s.slot_id
+            );
+            prop_assert!(
+                seqs.insert(lease.seq_id),
+                "sequence {} shared by two slots",
+                lease.seq_id
+            );
         } else {
             prop_assert_eq!(s.phase, SlotPhase::Idle);
         }
     }
-    prop_assert_eq!(sessions.leased_count(), seqs.len(), "a lease outlived its slot");
-    prop_assert!(backend.max_batch_rows <= h.budget, "batch of {} rows over budget {}", backend.max_batch_rows, h.budget);
+    prop_assert_eq!(
+        sessions.leased_count(),
+        seqs.len(),
+        "a lease outlived its slot"
+    );
+    prop_assert!(
+        backend.max_batch_rows <= h.budget,
+        "batch of {} rows over budget {}",
+        backend.max_batch_rows,
+        h.budget
+    );
     Ok(())
 }
 
@@ -196,12 +246,21 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
                 sampling: Some(if a.greedy {
                     SamplingParams::greedy()
                 } else {
-                    SamplingParams { seed: Some(i as u32), ..SamplingParams::default() }
+                    SamplingParams {
+                        seed: Some(i as u32),
+                        ..SamplingParams::default()
+                    }
                 }),
                 ..GenerateRequest::new(PromptInput::Text(prompt_text(a)))
             };
             let id = 1000 + i as u64;
-            let mut t = Tracked { arrival: a.clone(), rx, events: Vec::new(), submitted_step: step, rejected: None };
+            let mut t = Tracked {
+                arrival: a.clone(),
+                rx,
+                events: Vec::new(),
+                submitted_step: step,
+                rejected: None,
+            };
             match h.preparer.prepare_generate(id, req, tx) {
                 Ok(p) => {
                     h.queued.fetch_add(1, Ordering::SeqCst);
@@ -234,7 +293,14 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
             .filter_map(|s| {
                 s.work.as_ref().map(|w| {
                     let t = sipp::scheduler::HasTokens::tokens(w);
-                    (s.slot_id, (t.request_id, w.counters.decode_steps, w.counters.preemptions))
+                    (
+                        s.slot_id,
+                        (
+                            t.request_id,
+                            w.counters.decode_steps,
+                            w.counters.preemptions,
+                        ),
+                    )
                 })
             })
             .collect();
@@ -246,7 +312,12 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
                 if let (Some(w), Some(&(id, steps, pre))) = (&s.work, decoding.get(&s.slot_id)) {
                     let t = sipp::scheduler::HasTokens::tokens(w);
                     if t.request_id == id && w.counters.preemptions == pre {
-                        prop_assert_eq!(w.counters.decode_steps, steps + 1, "slot {} skipped a decode step", s.slot_id);
+                        prop_assert_eq!(
+                            w.counters.decode_steps,
+                            steps + 1,
+                            "slot {} skipped a decode step",
+                            s.slot_id
+                        );
                     }
                 }
             }
@@ -272,12 +343,23 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
 fn check_request(t: &Tracked, n_ctx: u32) -> Result<Option<Completion>, TestCaseError> {
     if let Some(e) = &t.rejected {
         prop_assert!(t.events.is_empty());
-        prop_assert!(matches!(e, EngineError::PromptTooLong { .. }), "unexpected rejection {e}");
+        prop_assert!(
+            matches!(e, EngineError::PromptTooLong { .. }),
+            "unexpected rejection {e}"
+        );
         return Ok(None);
     }
     let finals: Vec<&RequestEvent> = t.events.iter().filter(|e| e.is_final()).collect();
-    prop_assert_eq!(finals.len(), 1, "exactly one final event, got {:?}", t.events);
-    prop_assert!(t.events.last().is_some_and(RequestEvent::is_final), "final event is last");
+    prop_assert_eq!(
+        finals.len(),
+        1,
+        "exactly one final event, got {:?}",
+        t.events
+    );
+    prop_assert!(
+        t.events.last().is_some_and(RequestEvent::is_final),
+        "final event is last"
+    );
     let mut text = String::new();
     let mut tokens: Vec<Token> = Vec::new();
     for e in &t.events {
@@ -288,18 +370,32 @@ fn check_request(t: &Tracked, n_ctx: u32) -> Result<Option<Completion>, TestCase
     }
     match finals[0] {
         RequestEvent::Finished(c) => {
-            prop_assert!(!t.arrival.poison || c.finish_reason == FinishReason::Cancelled, "poisoned prompt finished normally");
+            prop_assert!(
+                !t.arrival.poison || c.finish_reason == FinishReason::Cancelled,
+                "poisoned prompt finished normally"
+            );
             prop_assert_eq!(&c.text, &text, "deltas add up to the text");
             prop_assert_eq!(&c.tokens, &tokens, "tokens arrive in order");
             prop_assert!(c.usage.completion_tokens <= t.arrival.max_tokens as usize);
             if c.finish_reason == FinishReason::Length {
-                prop_assert!(c.usage.completion_tokens == t.arrival.max_tokens as usize || c.usage.prompt_tokens + c.usage.completion_tokens >= n_ctx as usize - 1);
+                prop_assert!(
+                    c.usage.completion_tokens == t.arrival.max_tokens as usize
+                        || c.usage.prompt_tokens + c.usage.completion_tokens >= n_ctx as usize - 1
+                );
             }
             if c.finish_reason == FinishReason::Cancelled {
-                prop_assert!(t.arrival.cancel_after.is_some(), "cancelled without a cancel");
+                prop_assert!(
+                    t.arrival.cancel_after.is_some(),
+                    "cancelled without a cancel"
+                );
             }
             if let Some(stop) = &t.arrival.stop {
-                prop_assert!(!c.text.contains(stop.as_str()), "stop string leaked: {:?} in {:?}", stop, c.text);
+                prop_assert!(
+                    !c.text.contains(stop.as_str()),
+                    "stop string leaked: {:?} in {:?}",
+                    stop,
+                    c.text
+                );
             }
             Ok(Some(c.clone()))
         }

@@ -10,6 +10,7 @@ use sipp::GenerateRequest;
 use crate::common::{load_engine, CliError, ModelArgs};
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,

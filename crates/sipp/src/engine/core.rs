@@ -234,6 +234,7 @@ impl<B: Backend> EngineCore<B> {
     /// Adds a prepared request to the queue.
     pub fn enqueue(&mut self, req: PreparedRequest) {
         self.queue.push(req);
+        self.publish_metrics();
     }
 
     /// Cancels a request wherever it is; its slot is free when this returns.

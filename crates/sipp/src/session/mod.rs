@@ -499,9 +499,14 @@ impl KvSessions {
                 // Evicting the sequence above may have pushed snapshots out of
                 // the LRU, so what is restored is matched against the prompt again.
                 let restored = match self.snapshots.take_for(prompt, &mut self.stats) {
-                    Some((tokens, state)) if self.restore_raw(kv, seq, &tokens, &state) => {
-                        Some(tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(cap))
-                    }
+                    Some((tokens, state)) if self.restore_raw(kv, seq, &tokens, &state) => Some(
+                        tokens
+                            .iter()
+                            .zip(prompt)
+                            .take_while(|(a, b)| a == b)
+                            .count()
+                            .min(cap),
+                    ),
                     _ => None,
                 };
                 if let Some(n) = restored {

