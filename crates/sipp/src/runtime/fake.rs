@@ -601,15 +601,13 @@ mod tests {
 
     #[test]
     fn output_depends_on_whole_history() {
-        let mut b = FakeBackend::new(FakeConfig {
-            eos_one_in: 0,
-            ..Default::default()
-        });
-        b.decode(&rows(0, 0, &[1, 2, 3])).expect("decode");
-        let a = b.logits(2).to_vec();
-        b.decode(&rows(1, 0, &[9, 2, 3])).expect("decode");
-        let c = b.logits(2).to_vec();
-        assert_ne!(a, c);
+        let mut b = FakeBackend::new(FakeConfig { eos_one_in: 0, ..Default::default() });
+        let mut outputs = std::collections::HashSet::new();
+        for first in 0..10 {
+            b.decode(&rows(first, 0, &[first + 20, 2, 3])).expect("decode");
+            outputs.insert(b.logits(2).to_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+        assert!(outputs.len() > 1, "changing only the first token never changed the output");
     }
 
     #[test]
