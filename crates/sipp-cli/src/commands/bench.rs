@@ -1,24 +1,27 @@
 //! `sipp bench`: throughput and latency under concurrency.
 //!
-//! Each scenario runs C concurrent clients, each sending R requests one after
-//! another, and reports aggregate generated tokens per second, time to first
-//! token and inter-token latency (p50/p99). Scenarios are run one after another
-//! in the same process so their figures compare on the same machine state.
+//! A workload is a list of scenarios run one after another on the same engine,
+//! so their figures compare on the same machine state. Each scenario runs C
+//! concurrent clients (async tasks on one thread, so the clients themselves
+//! barely compete with llama.cpp for the cores), each sending R requests in
+//! turn, and reports aggregate generated tokens per second, time to first token
+//! and inter-token latency (p50/p99). Results print as a table and as one line
+//! of JSON.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use sipp::engine::RequestEvent;
-use sipp::sampling::SamplingParams;
+use sipp::engine::{EmbedRequest, RequestEvent};
+use sipp::sampling::{OutputConstraint, SamplingParams};
 use sipp::{Engine, GenerateRequest};
 
 use crate::common::{load_engine, CliError, ModelArgs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
-    /// Distinct short prompts; single stream, then C concurrent clients.
+    /// Distinct short prompts: single stream, C concurrent clients, and C in lockstep.
     Generate,
 }
 
@@ -35,7 +38,7 @@ pub struct BenchArgs {
     /// Requests per client.
     #[arg(long, short = 'R', default_value_t = 2)]
     pub requests: usize,
-    /// Tokens generated per request (end-of-generation is ignored).
+    /// Tokens generated per request.
     #[arg(long = "max-tokens", short = 'n', default_value_t = 64)]
     pub max_tokens: u32,
     /// Print only the JSON report.
@@ -43,12 +46,113 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// One request as the bench sends it.
+#[derive(Debug, Clone)]
+pub struct BenchRequest {
+    pub prompt: String,
+    pub max_tokens: u32,
+    /// Reuse KV across requests (false measures the cache-off baseline).
+    pub cache_prompt: bool,
+    /// Generate exactly max_tokens (end-of-generation banned).
+    pub ignore_eos: bool,
+    pub constraint: Option<OutputConstraint>,
+}
+
 /// One request's timeline.
 #[derive(Debug, Clone, Default)]
-struct Sample {
-    ttft: Duration,
-    itls: Vec<Duration>,
-    tokens: usize,
+pub struct Sample {
+    pub ttft: Duration,
+    pub itls: Vec<Duration>,
+    pub tokens: usize,
+    pub first_token_at: Option<Instant>,
+    pub end_at: Option<Instant>,
+    pub text: String,
+}
+
+impl Sample {
+    /// Decode speed of this request after its first token.
+    fn decode_tokens_per_s(&self) -> f64 {
+        let t: f64 = self.itls.iter().map(Duration::as_secs_f64).sum();
+        if t > 0.0 {
+            self.itls.len() as f64 / t
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Where requests go.
+#[derive(Clone)]
+pub enum Target {
+    /// An engine in this process.
+    Local(Engine),
+}
+
+impl Target {
+    async fn generate(&self, r: &BenchRequest) -> Result<Sample, String> {
+        match self {
+            Target::Local(engine) => {
+                let req = GenerateRequest {
+                    max_tokens: Some(r.max_tokens),
+                    ignore_eos: r.ignore_eos,
+                    cache_prompt: r.cache_prompt,
+                    constraint: r.constraint.clone(),
+                    sampling: Some(SamplingParams::greedy()),
+                    ..GenerateRequest::new(r.prompt.as_str())
+                };
+                let start = Instant::now();
+                let mut handle = engine.generate(req).map_err(|e| e.to_string())?;
+                let mut sample = Sample::default();
+                while let Some(ev) = handle.next_event().await {
+                    match ev {
+                        RequestEvent::Delta(d) => {
+                            sample.text.push_str(&d.text);
+                            if !d.tokens.is_empty() {
+                                sample.record_tokens(start, d.tokens.len());
+                            }
+                        }
+                        RequestEvent::Finished(_) => {
+                            sample.end_at = Some(Instant::now());
+                            return Ok(sample);
+                        }
+                        RequestEvent::Failed(e) => return Err(e.to_string()),
+                        _ => {}
+                    }
+                }
+                Err("the engine stopped".into())
+            }
+        }
+    }
+
+    async fn embed(&self, text: &str) -> Result<(), String> {
+        match self {
+            Target::Local(engine) => {
+                let h = engine
+                    .embed(EmbedRequest::new(text))
+                    .map_err(|e| e.to_string())?;
+                h.embedding().await.map(|_| ()).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+impl Sample {
+    fn record_tokens(&mut self, start: Instant, n: usize) {
+        let now = Instant::now();
+        match self.first_token_at {
+            None => {
+                self.ttft = now - start;
+                self.first_token_at = Some(now);
+            }
+            Some(_) => {
+                let prev = self.end_at.unwrap_or(now);
+                self.itls.push(now - prev);
+            }
+        }
+        // `end_at` doubles as "last token at" until the request finishes.
+        self.end_at = Some(now);
+        self.tokens += n;
+    }
 }
 
 /// Figures of one scenario.
@@ -64,9 +168,15 @@ pub struct ScenarioReport {
     pub ttft_p99_ms: f64,
     pub itl_p50_ms: f64,
     pub itl_p99_ms: f64,
+    /// Median per-request decode speed after the first token.
+    pub request_decode_tokens_per_s: f64,
+    /// Tokens produced while every request was decoding together (from the
+    /// last first token to the last finish), per second: the figure comparable
+    /// to llama-batched-bench's S_TG.
+    pub lockstep_decode_tokens_per_s: f64,
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -75,13 +185,35 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[idx.min(v.len() - 1)]
 }
 
-fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) -> ScenarioReport {
+pub fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) -> ScenarioReport {
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
     let mut itl: Vec<f64> = samples
         .iter()
         .flat_map(|s| s.itls.iter().map(|d| d.as_secs_f64() * 1e3))
         .collect();
+    let mut decode: Vec<f64> = samples.iter().map(Sample::decode_tokens_per_s).collect();
+    let last_first = samples.iter().filter_map(|s| s.first_token_at).max();
+    let last_end = samples.iter().filter_map(|s| s.end_at).max();
+    let lockstep = match (last_first, last_end) {
+        (Some(f), Some(e)) if e > f => {
+            let toks: usize = samples
+                .iter()
+                .map(|s| {
+                    let mut t = s.first_token_at.unwrap_or(f);
+                    s.itls
+                        .iter()
+                        .filter(|d| {
+                            t += **d;
+                            t > f
+                        })
+                        .count()
+                })
+                .sum();
+            toks as f64 / (e - f).as_secs_f64()
+        }
+        _ => 0.0,
+    };
     ScenarioReport {
         name: name.to_string(),
         clients,
@@ -93,61 +225,46 @@ fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) -> Sce
         ttft_p99_ms: percentile(&mut ttft, 99.0),
         itl_p50_ms: percentile(&mut itl, 50.0),
         itl_p99_ms: percentile(&mut itl, 99.0),
+        request_decode_tokens_per_s: percentile(&mut decode, 50.0),
+        lockstep_decode_tokens_per_s: lockstep,
     }
 }
 
-/// Runs one request and records its timeline.
-fn timed_request(engine: &Engine, req: GenerateRequest) -> Result<Sample, String> {
-    let start = Instant::now();
-    let mut handle = engine.generate(req).map_err(|e| e.to_string())?;
-    let mut sample = Sample::default();
-    let mut last: Option<Instant> = None;
-    while let Some(ev) = handle.blocking_next_event() {
-        match ev {
-            RequestEvent::Delta(d) if !d.tokens.is_empty() => {
-                let now = Instant::now();
-                match last {
-                    None => sample.ttft = now - start,
-                    Some(prev) => sample.itls.push(now - prev),
-                }
-                last = Some(now);
-                sample.tokens += d.tokens.len();
-            }
-            RequestEvent::Finished(_) => return Ok(sample),
-            RequestEvent::Failed(e) => return Err(e.to_string()),
-            _ => {}
-        }
-    }
-    Err("the engine stopped".into())
-}
+type MakeRequest = Arc<dyn Fn(usize, usize) -> BenchRequest + Send + Sync>;
 
-/// C clients, each sending its requests in turn.
-fn run_clients(
-    engine: &Engine,
+/// C clients, each sending R requests in turn; returns samples in (client,
+/// request) order and the wall time.
+pub fn run_clients(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
     clients: usize,
     requests: usize,
-    make: Arc<dyn Fn(usize, usize) -> GenerateRequest + Send + Sync>,
+    make: MakeRequest,
 ) -> Result<(Vec<Sample>, Duration), CliError> {
-    let start = Instant::now();
-    let threads: Vec<_> = (0..clients)
-        .map(|c| {
-            let engine = engine.clone();
-            let make = make.clone();
-            std::thread::spawn(move || -> Result<Vec<Sample>, String> {
-                (0..requests)
-                    .map(|r| timed_request(&engine, make(c, r)))
-                    .collect()
+    rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..clients)
+            .map(|c| {
+                let target = target.clone();
+                let make = make.clone();
+                tokio::spawn(async move {
+                    let mut out = Vec::with_capacity(requests);
+                    for r in 0..requests {
+                        out.push(target.generate(&make(c, r)).await?);
+                    }
+                    Ok::<_, String>(out)
+                })
             })
-        })
-        .collect();
-    let mut samples = Vec::new();
-    for t in threads {
-        let r = t
-            .join()
-            .map_err(|_| CliError::runtime("a bench client panicked"))?;
-        samples.extend(r.map_err(CliError::runtime)?);
-    }
-    Ok((samples, start.elapsed()))
+            .collect();
+        let mut samples = Vec::new();
+        for t in tasks {
+            let r = t
+                .await
+                .map_err(|_| CliError::runtime("a bench client panicked"))?;
+            samples.extend(r.map_err(CliError::runtime)?);
+        }
+        Ok((samples, start.elapsed()))
+    })
 }
 
 const TOPICS: &[&str] = &[
@@ -169,19 +286,16 @@ const TOPICS: &[&str] = &[
     "a winter festival",
 ];
 
-fn generate_request(c: usize, r: usize, max_tokens: u32) -> GenerateRequest {
-    let topic = TOPICS[(c * 7 + r) % TOPICS.len()];
-    GenerateRequest {
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        sampling: Some(SamplingParams::greedy()),
-        ..GenerateRequest::new(format!("Write a short story about {topic}."))
-    }
+fn story_prompt(c: usize, r: usize) -> String {
+    format!(
+        "Write a short story about {}.",
+        TOPICS[(c * 7 + r) % TOPICS.len()]
+    )
 }
 
 fn print_table(reports: &[ScenarioReport]) {
     println!(
-        "{:<28} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "{:<26} {:>7} {:>8} {:>7} {:>9} {:>10} {:>10} {:>9} {:>9} {:>12}",
         "scenario",
         "clients",
         "requests",
@@ -190,11 +304,12 @@ fn print_table(reports: &[ScenarioReport]) {
         "ttft p50",
         "ttft p99",
         "itl p50",
-        "itl p99"
+        "itl p99",
+        "decode tok/s"
     );
     for r in reports {
         println!(
-            "{:<28} {:>7} {:>8} {:>8} {:>10.1} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms",
+            "{:<26} {:>7} {:>8} {:>7} {:>9.1} {:>8.1}ms {:>8.1}ms {:>7.1}ms {:>7.1}ms {:>12.1}",
             r.name,
             r.clients,
             r.requests,
@@ -203,9 +318,65 @@ fn print_table(reports: &[ScenarioReport]) {
             r.ttft_p50_ms,
             r.ttft_p99_ms,
             r.itl_p50_ms,
-            r.itl_p99_ms
+            r.itl_p99_ms,
+            r.lockstep_decode_tokens_per_s
         );
     }
+}
+
+/// Everything a workload produces.
+#[derive(Default)]
+pub struct Outcome {
+    pub reports: Vec<ScenarioReport>,
+    pub ratios: serde_json::Map<String, serde_json::Value>,
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Outcome {
+    fn ratio(&mut self, name: &str, v: f64) {
+        self.ratios.insert(name.into(), serde_json::json!(v));
+    }
+}
+
+fn generate_workload(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    args: &BenchArgs,
+) -> Result<Outcome, CliError> {
+    let max_tokens = args.max_tokens;
+    let make: MakeRequest = Arc::new(move |c, r| BenchRequest {
+        prompt: story_prompt(c, r),
+        max_tokens,
+        cache_prompt: true,
+        ignore_eos: true,
+        constraint: None,
+    });
+    let mut out = Outcome::default();
+    // Warm-up: first-touch costs (page faults, thread start) stay out of the figures.
+    run_clients(rt, target, 1, 1, make.clone())?;
+    let (s, w) = run_clients(rt, target, 1, args.requests, make.clone())?;
+    let single = report("single-stream", 1, &s, w);
+    let (s, w) = run_clients(rt, target, args.clients, args.requests, make.clone())?;
+    let conc = report(
+        &format!("concurrent x{}", args.clients),
+        args.clients,
+        &s,
+        w,
+    );
+    // One request per client, all at once: after the first tokens every
+    // sequence decodes in the same batch, as in llama-batched-bench.
+    let (s, w) = run_clients(rt, target, args.clients, 1, make)?;
+    let lockstep = report(&format!("lockstep x{}", args.clients), args.clients, &s, w);
+    out.ratio(
+        "concurrent_over_single_tok_s",
+        conc.tokens_per_s / single.tokens_per_s.max(1e-9),
+    );
+    out.ratio(
+        "lockstep_decode_over_single_tok_s",
+        lockstep.lockstep_decode_tokens_per_s / single.tokens_per_s.max(1e-9),
+    );
+    out.reports = vec![single, conc, lockstep];
+    Ok(out)
 }
 
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
@@ -214,43 +385,34 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         cfg.context.n_parallel = cfg.context.n_parallel.max(args.clients as u32);
     }
     let engine = load_engine(&args.model.model, cfg, args.json)?;
-    let max_tokens = args.max_tokens;
-    let mut reports = Vec::new();
-    let mut ratios = serde_json::Map::new();
-    match args.workload {
-        Workload::Generate => {
-            let make: Arc<dyn Fn(usize, usize) -> GenerateRequest + Send + Sync> =
-                Arc::new(move |c, r| generate_request(c, r, max_tokens));
-            // Warm-up: first-touch costs (page faults, thread pools) stay out of the figures.
-            run_clients(&engine, 1, 1, make.clone())?;
-            let (s, w) = run_clients(&engine, 1, args.requests, make.clone())?;
-            let single = report("single-stream", 1, &s, w);
-            let (s, w) = run_clients(&engine, args.clients, args.requests, make)?;
-            let conc = report(
-                &format!("concurrent x{}", args.clients),
-                args.clients,
-                &s,
-                w,
-            );
-            ratios.insert(
-                "concurrent_over_single_tok_s".into(),
-                serde_json::json!(conc.tokens_per_s / single.tokens_per_s.max(1e-9)),
-            );
-            reports.push(single);
-            reports.push(conc);
-        }
-    }
+    let model = engine.info().model.path.clone();
+    let target = Target::Local(engine);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::runtime(e.to_string()))?;
+    let mut out = match args.workload {
+        Workload::Generate => generate_workload(&rt, &target, &args)?,
+    };
+    let Target::Local(engine) = &target;
+    let m = engine.metrics();
+    out.extra.insert(
+        "engine_batch_share".into(),
+        serde_json::json!(m.batch_ns as f64 / m.step_ns.max(1) as f64),
+    );
     let json = serde_json::json!({
         "workload": format!("{:?}", args.workload).to_lowercase(),
-        "model": engine.info().model.path,
-        "threads": engine_threads(&args.model),
-        "max_tokens": max_tokens,
-        "scenarios": reports,
-        "ratios": ratios,
+        "model": model,
+        "threads": args.model.threads.unwrap_or_else(sipp::config::available_threads),
+        "clients": args.clients,
+        "max_tokens": args.max_tokens,
+        "scenarios": out.reports,
+        "ratios": out.ratios,
+        "extra": out.extra,
     });
     if !args.json {
-        print_table(&reports);
-        for (k, v) in &ratios {
+        print_table(&out.reports);
+        for (k, v) in &out.ratios {
             println!("{k}: {:.3}", v.as_f64().unwrap_or(0.0));
         }
     }
@@ -258,6 +420,10 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn engine_threads(m: &ModelArgs) -> u32 {
-    m.threads.unwrap_or_else(sipp::config::available_threads)
+#[allow(dead_code)]
+async fn embed_all(target: &Target, inputs: &[String]) -> Result<(), String> {
+    for i in inputs {
+        target.embed(i).await?;
+    }
+    Ok(())
 }

@@ -274,6 +274,7 @@ impl<B: Backend> EngineCore<B> {
 
     /// One engine step. Returns whether a batch ran.
     pub fn step(&mut self) -> bool {
+        let started = Instant::now();
         self.step_count += 1;
         self.drop_departed();
         self.admit();
@@ -303,6 +304,11 @@ impl<B: Backend> EngineCore<B> {
         }
         self.finalize();
         self.publish_metrics();
+        if ran {
+            self.metrics
+                .step_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        }
         ran
     }
 
@@ -673,10 +679,14 @@ impl<B: Backend> EngineCore<B> {
             return;
         }
         let rows = self.build_rows(&spans);
+        let batch_start = Instant::now();
         let result = match kind {
             PrefillKind::Decode => self.backend.decode(&rows),
             PrefillKind::Encode => self.backend.encode(&rows),
         };
+        self.metrics
+            .batch_ns
+            .fetch_add(batch_start.elapsed().as_nanos() as u64, Relaxed);
         match result {
             Ok(()) => self.apply(kind, &spans),
             Err(BatchError::NoKvSpace) => {

@@ -27,6 +27,8 @@ pub struct EngineMetrics {
     pub(crate) snapshot_files_rejected: AtomicU64,
     pub(crate) snapshot_entries: AtomicU64,
     pub(crate) snapshot_bytes: AtomicU64,
+    pub(crate) step_ns: AtomicU64,
+    pub(crate) batch_ns: AtomicU64,
 }
 
 /// A copy of the metrics at one moment.
@@ -74,6 +76,10 @@ pub struct MetricsSnapshot {
     pub snapshot_entries: u64,
     /// Bytes of snapshots in memory.
     pub snapshot_bytes: u64,
+    /// Time spent in engine steps, in nanoseconds.
+    pub step_ns: u64,
+    /// Of that, time spent in llama.cpp batches (decode/encode), in nanoseconds.
+    pub batch_ns: u64,
 }
 
 impl EngineMetrics {
@@ -101,6 +107,8 @@ impl EngineMetrics {
             snapshot_files_rejected: self.snapshot_files_rejected.load(Relaxed),
             snapshot_entries: self.snapshot_entries.load(Relaxed),
             snapshot_bytes: self.snapshot_bytes.load(Relaxed),
+            step_ns: self.step_ns.load(Relaxed),
+            batch_ns: self.batch_ns.load(Relaxed),
         }
     }
 }

@@ -601,13 +601,26 @@ mod tests {
 
     #[test]
     fn output_depends_on_whole_history() {
-        let mut b = FakeBackend::new(FakeConfig { eos_one_in: 0, ..Default::default() });
+        let mut b = FakeBackend::new(FakeConfig {
+            eos_one_in: 0,
+            ..Default::default()
+        });
         let mut outputs = std::collections::HashSet::new();
         for first in 0..10 {
-            b.decode(&rows(first, 0, &[first + 20, 2, 3])).expect("decode");
-            outputs.insert(b.logits(2).to_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            b.decode(&rows(first, 0, &[first + 20, 2, 3]))
+                .expect("decode");
+            outputs.insert(
+                b.logits(2)
+                    .to_vec()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>(),
+            );
         }
-        assert!(outputs.len() > 1, "changing only the first token never changed the output");
+        assert!(
+            outputs.len() > 1,
+            "changing only the first token never changed the output"
+        );
     }
 
     #[test]

