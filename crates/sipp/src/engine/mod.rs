@@ -384,6 +384,8 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("sipp-engine".into())
             .spawn(move || {
+                let mut backend = backend;
+                backend.warm_up();
                 run_engine(
                     EngineCore::new(backend, &config, metrics_t, queued_t),
                     rx,

@@ -299,7 +299,7 @@ impl LlamaRuntime {
             RuntimeError::Context(format!("{e} (n_ctx {n_ctx}, n_seq_max {n_seq_max})"))
         })?;
         let batch = LlamaBatch::new(n_batch as usize, 1);
-        Ok(Self {
+        let rt = Self {
             batch,
             ctx,
             model,
@@ -310,7 +310,8 @@ impl LlamaRuntime {
             pooling,
             candidates: Vec::new(),
             last_rows: Vec::new(),
-        })
+        };
+        Ok(rt)
     }
 
     fn fill_batch(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
@@ -549,6 +550,26 @@ impl Backend for LlamaRuntime {
 
     fn embedding_pooling(&self) -> Option<Pooling> {
         self.pooling
+    }
+
+    fn warm_up(&mut self) {
+        let encoder_only = self.model.info.has_encoder && !self.model.info.has_decoder;
+        let token = self.model.info.bos.unwrap_or(0);
+        let rows = [BatchRow {
+            token,
+            pos: 0,
+            seq: 0,
+            output: true,
+        }];
+        let ok = if encoder_only {
+            self.encode(&rows).is_ok()
+        } else {
+            self.decode(&rows).is_ok()
+        };
+        if !ok {
+            tracing::warn!("warm-up batch failed");
+        }
+        let _ = self.ctx.kv_cache_seq_rm(0, None, None);
     }
 
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {

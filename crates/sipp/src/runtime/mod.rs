@@ -259,6 +259,10 @@ pub trait Backend {
     /// Whether this context produces embeddings, and with which pooling.
     fn embedding_pooling(&self) -> Option<Pooling>;
 
+    /// Runs one throw-away batch so the first request does not pay for
+    /// first-touch costs. Called on the engine thread: llama.cpp's OpenMP
+    /// thread team belongs to the thread that computes.
+    fn warm_up(&mut self) {}
     /// Runs the decoder over the rows. On error the KV cache holds none of them.
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError>;
     /// Runs the encoder over the rows (encoder models).
