@@ -23,6 +23,12 @@ use crate::common::{load_engine, CliError, ModelArgs};
 pub enum Workload {
     /// Distinct short prompts: single stream, C concurrent clients, and C in lockstep.
     Generate,
+    /// A long shared system prompt (600+ tokens) and distinct short questions
+    /// from C clients at once, with the prompt cache off and then on.
+    SharedPrefix,
+    /// C clients holding T-turn conversations (each turn resends the history),
+    /// with the prompt cache off and then on; TTFT of turn 1 against later turns.
+    MultiTurn,
 }
 
 #[derive(Args, Debug)]
@@ -41,6 +47,9 @@ pub struct BenchArgs {
     /// Tokens generated per request.
     #[arg(long = "max-tokens", short = 'n', default_value_t = 64)]
     pub max_tokens: u32,
+    /// Turns per conversation (multi-turn).
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
     /// Print only the JSON report.
     #[arg(long)]
     pub json: bool,
@@ -379,6 +388,139 @@ fn generate_workload(
     Ok(out)
 }
 
+/// A long instruction block (about 700 tokens on the default model).
+pub fn long_system_prompt(owner: &str) -> String {
+    let rules = [
+        "Answer in at most two short sentences.",
+        "Be polite, calm and precise.",
+        "Never invent facts; say that you do not know instead.",
+        "Prefer simple words over technical jargon.",
+        "Use metric units and the 24-hour clock.",
+        "Do not use lists, tables or headings.",
+        "Refer visitors to the front desk for payments.",
+        "Opening hours are nine to seventeen on weekdays.",
+    ];
+    let mut s = format!("{owner} You are the help desk assistant of the city library. ");
+    for round in 0..9 {
+        for (i, r) in rules.iter().enumerate() {
+            s.push_str(&format!("Rule {}.{}: {r} ", round + 1, i + 1));
+        }
+    }
+    s
+}
+
+const QUESTIONS: &[&str] = &[
+    "When do you open?", "Can I renew a book online?", "Is there wifi?", "Where can I print?",
+    "Do you have audio books?", "Can children get a card?", "How much is a late fee?", "Are pets allowed?",
+    "Do you sell coffee?", "Is parking free?", "Can I reserve a room?", "Do you have French novels?",
+    "Where are the toilets?", "Can I donate books?", "Is there a reading club?", "Who can I call?",
+];
+
+fn shared_prefix_workload(rt: &tokio::runtime::Runtime, target: &Target, args: &BenchArgs) -> Result<Outcome, CliError> {
+    let sys = Arc::new(long_system_prompt("Library of Springfield."));
+    let max_tokens = args.max_tokens;
+    let make = |cache: bool| -> MakeRequest {
+        let sys = sys.clone();
+        Arc::new(move |c, _| BenchRequest {
+            prompt: format!("{sys}\nUser: {}\nAssistant:", QUESTIONS[c % QUESTIONS.len()]),
+            max_tokens,
+            cache_prompt: cache,
+            ignore_eos: true,
+            constraint: None,
+        })
+    };
+    let mut out = Outcome::default();
+    let warm: MakeRequest = Arc::new(|_, _| BenchRequest {
+        prompt: "Hello there.".into(),
+        max_tokens: 4,
+        cache_prompt: false,
+        ignore_eos: true,
+        constraint: None,
+    });
+    run_clients(rt, target, 1, 1, warm)?;
+    let (s, w) = run_clients(rt, target, args.clients, 1, make(false))?;
+    let off = report("shared-prefix cache off", args.clients, &s, w);
+    let (s, w) = run_clients(rt, target, args.clients, 1, make(true))?;
+    let on = report("shared-prefix cache on", args.clients, &s, w);
+    out.ratio("ttft_p50_on_over_off", on.ttft_p50_ms / off.ttft_p50_ms.max(1e-9));
+    out.ratio("tok_s_on_over_off", on.tokens_per_s / off.tokens_per_s.max(1e-9));
+    #[allow(irrefutable_let_patterns)]
+    if let Target::Local(e) = target {
+        let n = e.vocab().tokenize(&sys, true, true).map(|t| t.len()).unwrap_or(0);
+        out.extra.insert("system_prompt_tokens".into(), serde_json::json!(n));
+    }
+    out.reports = vec![off, on];
+    Ok(out)
+}
+
+/// Runs C conversations of T turns; returns per-turn samples.
+fn conversations(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    clients: usize,
+    turns: usize,
+    max_tokens: u32,
+    cache: bool,
+    tag: &str,
+) -> Result<(Vec<Vec<Sample>>, Duration), CliError> {
+    let tag = tag.to_string();
+    rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..clients)
+            .map(|c| {
+                let target = target.clone();
+                let tag = tag.clone();
+                tokio::spawn(async move {
+                    // A distinct opening per conversation: no sharing across clients.
+                    let mut history = long_system_prompt(&format!("Conversation {tag}-{c}."));
+                    let mut samples = Vec::with_capacity(turns);
+                    for t in 0..turns {
+                        history.push_str(&format!("\nUser: {}\nAssistant:", QUESTIONS[(c * 5 + t) % QUESTIONS.len()]));
+                        let s = target
+                            .generate(&BenchRequest {
+                                prompt: history.clone(),
+                                max_tokens,
+                                cache_prompt: cache,
+                                ignore_eos: true,
+                                constraint: None,
+                            })
+                            .await?;
+                        history.push_str(&s.text);
+                        samples.push(s);
+                    }
+                    Ok::<_, String>(samples)
+                })
+            })
+            .collect();
+        let mut per_turn: Vec<Vec<Sample>> = vec![Vec::new(); turns];
+        for t in tasks {
+            let r = t.await.map_err(|_| CliError::runtime("a bench client panicked"))?;
+            for (i, s) in r.map_err(CliError::runtime)?.into_iter().enumerate() {
+                per_turn[i].push(s);
+            }
+        }
+        Ok((per_turn, start.elapsed()))
+    })
+}
+
+fn multi_turn_workload(rt: &tokio::runtime::Runtime, target: &Target, args: &BenchArgs) -> Result<Outcome, CliError> {
+    let mut out = Outcome::default();
+    let turns = args.turns.max(2);
+    for (cache, label) in [(false, "off"), (true, "on")] {
+        let (per_turn, wall) = conversations(rt, target, args.clients, turns, args.max_tokens, cache, label)?;
+        let first = report(&format!("multi-turn {label} turn 1"), args.clients, &per_turn[0], wall);
+        let later: Vec<Sample> = per_turn[1..].iter().flatten().cloned().collect();
+        let rest = report(&format!("multi-turn {label} turns 2-{turns}"), args.clients, &later, wall);
+        out.ratio(
+            &format!("cache_{label}_ttft_p50_later_over_turn1"),
+            rest.ttft_p50_ms / first.ttft_p50_ms.max(1e-9),
+        );
+        out.reports.push(first);
+        out.reports.push(rest);
+    }
+    Ok(out)
+}
+
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut cfg = args.model.runtime_config()?;
     if args.model.parallel.is_none() {
@@ -393,6 +535,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::runtime(e.to_string()))?;
     let mut out = match args.workload {
         Workload::Generate => generate_workload(&rt, &target, &args)?,
+        Workload::SharedPrefix => shared_prefix_workload(&rt, &target, &args)?,
+        Workload::MultiTurn => multi_turn_workload(&rt, &target, &args)?,
     };
     let Target::Local(engine) = &target;
     let m = engine.metrics();

@@ -379,11 +379,26 @@ impl<B: Backend> EngineCore<B> {
             let encoder = self.vocab.info().has_encoder && !self.vocab.info().has_decoder;
             // Embeddings never reuse KV: pooling needs the whole input in one batch.
             let use_cache = front.cache_prompt && !is_embed;
+            // Cells that prompts already admitted will still take: admitting
+            // past them would only lead to preemption.
+            let reserve: usize = self
+                .slots
+                .iter()
+                .filter_map(|s| s.work.as_ref())
+                .filter(|w| w.tokens.plan.prefill == PrefillKind::Decode)
+                .map(|w| {
+                    let t = &w.tokens;
+                    let start = t.prefix_wait.map_or(t.prefill_cursor, |p| p.len.max(t.prefill_cursor));
+                    t.context.len().saturating_sub(start)
+                })
+                .sum();
+            let reserve = if encoder { 0 } else { reserve as u32 };
             let Some(adm) = self.sessions.acquire(
                 &mut self.backend,
                 &front.prompt,
                 front.context_key.as_deref(),
                 use_cache,
+                reserve,
             ) else {
                 break;
             };

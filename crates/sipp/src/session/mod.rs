@@ -85,6 +85,14 @@ struct SequenceEntry {
     context_key: Option<String>,
 }
 
+impl SequenceEntry {
+    /// Lower is evicted first: sequences without a context key (no session
+    /// expects to continue them), then the least recently used.
+    fn eviction_rank(&self) -> (bool, u64) {
+        (self.context_key.is_some(), self.last_used)
+    }
+}
+
 /// Lease misuse: a holder whose lease was released.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("stale lease on sequence {seq_id} (generation {held}, current {current})")]
@@ -300,7 +308,7 @@ impl KvSessions {
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.leased && !s.resident.is_empty())
-            .min_by_key(|(_, s)| s.last_used)
+            .min_by_key(|(_, s)| s.eviction_rank())
             .map(|(i, _)| i as SeqId);
         match victim {
             Some(seq) => {
@@ -344,15 +352,17 @@ impl KvSessions {
 
     /// Leases a sequence for a prompt and brings as much of the prompt's prefix
     /// into it as the cache holds. At least the last prompt token is always left
-    /// to compute (its logits are needed). Returns `None` when every sequence is
-    /// leased, or when the prompt's remaining tokens do not fit in free KV
-    /// cells even after evicting idle sequences.
+    /// to compute (its logits are needed). `reserve` cells are kept free for
+    /// prompts already admitted. Returns `None` when every sequence is leased,
+    /// or when the prompt's remaining tokens do not fit in free KV cells even
+    /// after evicting idle sequences.
     pub fn acquire<B: Backend>(
         &mut self,
         kv: &mut B,
         prompt: &[Token],
         context_key: Option<&str>,
         use_cache: bool,
+        reserve: u32,
     ) -> Option<KvCacheAdmission> {
         let mode = if use_cache { self.mode } else { CacheMode::Off };
         let cap = prompt.len().saturating_sub(1);
@@ -392,7 +402,7 @@ impl KvSessions {
             unleased
                 .iter()
                 .copied()
-                .min_by_key(|&s| self.seqs[s as usize].last_used)
+                .min_by_key(|&s| self.seqs[s as usize].eviction_rank())
                 .expect("unleased is not empty")
         };
 
@@ -432,7 +442,7 @@ impl KvSessions {
         // fit, counting what clearing the chosen sequence frees. Idle sequences
         // go first; then the reuse plan is given up step by step.
         loop {
-            let need = (prompt.len() - reused) as u32;
+            let need = (prompt.len() - reused) as u32 + reserve;
             if self.cells_free() + self.freed_by_clearing(seq, reused, &candidate) >= need {
                 break;
             }
@@ -448,7 +458,7 @@ impl KvSessions {
                     let i = *i as SeqId;
                     !s.leased && !s.resident.is_empty() && i != seq && Some(i) != keep_src
                 })
-                .min_by_key(|(_, s)| s.last_used)
+                .min_by_key(|(_, s)| s.eviction_rank())
                 .map(|(i, _)| i as SeqId);
             if let Some(v) = victim {
                 self.evict(kv, v);
