@@ -28,19 +28,29 @@ fn system_prompt() -> String {
 }
 
 fn run(e: &Engine, prompt: &str, n: u32) -> Completion {
-    e.generate(greedy(prompt, n)).expect("submit").blocking_completion().expect("completes")
+    e.generate(greedy(prompt, n))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes")
 }
 
 #[test]
 fn repeated_prompt_reuses_and_matches_cache_off() {
     let on = engine_with(2, |_| {});
     let off = engine_with(2, |c| c.cache.mode = CacheMode::Off);
-    let prompt = format!("{}Question: when does the library open?\nAnswer:", system_prompt());
+    let prompt = format!(
+        "{}Question: when does the library open?\nAnswer:",
+        system_prompt()
+    );
     let reference = run(&off, &prompt, 24);
     let first = run(&on, &prompt, 24);
     let second = run(&on, &prompt, 24);
     assert_eq!(first.usage.cached_tokens, 0);
-    assert_eq!(second.usage.cached_tokens, second.usage.prompt_tokens - 1, "all but the last prompt token reused");
+    assert_eq!(
+        second.usage.cached_tokens,
+        second.usage.prompt_tokens - 1,
+        "all but the last prompt token reused"
+    );
     assert_same_up_to_near_tie(&reference, &first, NEAR_TIE, "first");
     assert_same_up_to_near_tie(&reference, &second, NEAR_TIE, "repeat");
 }
@@ -49,7 +59,12 @@ fn repeated_prompt_reuses_and_matches_cache_off() {
 fn conversation_turn_by_turn_reuses_history() {
     let on = engine_with(2, |_| {});
     let off = engine_with(2, |c| c.cache.mode = CacheMode::Off);
-    let questions = ["Can I borrow books?", "How many at once?", "And for how long?", "What if I am late?"];
+    let questions = [
+        "Can I borrow books?",
+        "How many at once?",
+        "And for how long?",
+        "What if I am late?",
+    ];
     let mut history = system_prompt();
     for (turn, q) in questions.iter().enumerate() {
         history.push_str(&format!("\nUser: {q}\nAssistant:"));
@@ -75,11 +90,23 @@ fn eight_concurrent_share_a_long_system_prompt() {
     let on = engine_with(8, |_| {});
     let off = engine_with(8, |c| c.cache.mode = CacheMode::Off);
     let sys = system_prompt();
-    let prompts: Vec<String> = (0..8).map(|i| format!("{sys}\nUser: question number {i}, what is {i} plus {i}?\nAssistant:")).collect();
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("{sys}\nUser: question number {i}, what is {i} plus {i}?\nAssistant:"))
+        .collect();
     let reference: Vec<_> = prompts.iter().map(|p| run(&off, p, 16)).collect();
-    let handles: Vec<_> = prompts.iter().map(|p| on.generate(greedy(p, 16)).expect("submit")).collect();
-    let shared: Vec<_> = handles.into_iter().map(|h| h.blocking_completion().expect("ok")).collect();
-    let sys_tokens = on.vocab().tokenize(&sys, true, true).expect("tokenize").len();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| on.generate(greedy(p, 16)).expect("submit"))
+        .collect();
+    let shared: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.blocking_completion().expect("ok"))
+        .collect();
+    let sys_tokens = on
+        .vocab()
+        .tokenize(&sys, true, true)
+        .expect("tokenize")
+        .len();
     let cached: usize = shared.iter().map(|c| c.usage.cached_tokens).sum();
     assert!(
         cached >= 7 * (sys_tokens - 2),
@@ -97,7 +124,10 @@ fn snapshot_restored_after_eviction() {
     // One slot and no idle sequences: a different prompt evicts the first.
     let on = engine_with(1, |c| c.cache.idle_sequences = 0);
     let off = engine_with(1, |c| c.cache.mode = CacheMode::Off);
-    let a = format!("{}Question: can I print documents?\nAnswer:", system_prompt());
+    let a = format!(
+        "{}Question: can I print documents?\nAnswer:",
+        system_prompt()
+    );
     let b = "An unrelated prompt about the weather in Lisbon, long enough to be cached as well.";
     let reference = run(&off, &a, 20);
     run(&on, &a, 20);
@@ -118,7 +148,10 @@ fn other_model() -> std::path::PathBuf {
     let dst = std::env::temp_dir().join(format!("sipp-other-model-{}.gguf", std::process::id()));
     let mut bytes = std::fs::read(&src).expect("read model");
     let needle = b"Smollm2 135M";
-    let at = bytes.windows(needle.len()).position(|w| w == needle).expect("general.name present");
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("general.name present");
     bytes[at..at + needle.len()].copy_from_slice(b"Otherm2 135M");
     std::fs::write(&dst, bytes).expect("write copy");
     dst
@@ -138,7 +171,11 @@ fn snapshot_file_from_another_model_is_refused() {
     {
         let writer = engine_with(1, spill);
         run(&writer, &a, 8);
-        run(&writer, "Something different to force an eviction of the first prompt.", 4);
+        run(
+            &writer,
+            "Something different to force an eviction of the first prompt.",
+            4,
+        );
         assert!(writer.metrics().snapshot_saves >= 1);
     }
     let files = std::fs::read_dir(&dir).expect("spill dir").count();
@@ -160,8 +197,15 @@ fn snapshot_file_from_another_model_is_refused() {
     let other_path = other_model();
     let other = Engine::load(&other_path, cfg.clone()).expect("loads");
     let c = run(&other, &a, 8);
-    assert_eq!(c.usage.cached_tokens, 0, "nothing may be reused from another model's file");
-    assert!(other.metrics().snapshot_files_rejected >= 1, "{:?}", other.metrics());
+    assert_eq!(
+        c.usage.cached_tokens, 0,
+        "nothing may be reused from another model's file"
+    );
+    assert!(
+        other.metrics().snapshot_files_rejected >= 1,
+        "{:?}",
+        other.metrics()
+    );
     cfg.cache.mode = CacheMode::Off;
     cfg.cache.snapshot_dir = None;
     let other_off = Engine::load(&other_path, cfg).expect("loads");
@@ -181,15 +225,33 @@ fn context_key_keeps_a_conversation_resident_under_pressure() {
         c.cache.max_snapshot_bytes = 0;
     });
     let base = system_prompt();
-    let with_key = |p: &str, k: Option<&str>| GenerateRequest { context_key: k.map(String::from), ..greedy(p, 8) };
+    let with_key = |p: &str, k: Option<&str>| GenerateRequest {
+        context_key: k.map(String::from),
+        ..greedy(p, 8)
+    };
     let a1 = format!("{base}\nUser: I am Ana.\nAssistant:");
-    let ca = e.generate(with_key(&a1, Some("ana"))).expect("submit").blocking_completion().expect("ok");
+    let ca = e
+        .generate(with_key(&a1, Some("ana")))
+        .expect("submit")
+        .blocking_completion()
+        .expect("ok");
     for other in ["Tell me about trains.", "Tell me about boats, please."] {
-        e.generate(with_key(other, None)).expect("submit").blocking_completion().expect("ok");
+        e.generate(with_key(other, None))
+            .expect("submit")
+            .blocking_completion()
+            .expect("ok");
     }
     let a2 = format!("{a1}{}\nUser: What is my name?\nAssistant:", ca.text);
-    let c = e.generate(with_key(&a2, Some("ana"))).expect("submit").blocking_completion().expect("ok");
+    let c = e
+        .generate(with_key(&a2, Some("ana")))
+        .expect("submit")
+        .blocking_completion()
+        .expect("ok");
     let a1_tokens = e.vocab().tokenize(&a1, true, true).expect("tok").len();
-    assert!(c.usage.cached_tokens >= a1_tokens, "cached {} < {a1_tokens}", c.usage.cached_tokens);
+    assert!(
+        c.usage.cached_tokens >= a1_tokens,
+        "cached {} < {a1_tokens}",
+        c.usage.cached_tokens
+    );
     assert_eq!(e.metrics().snapshot_restores, 0);
 }

@@ -29,6 +29,8 @@ pub enum Workload {
     /// C clients holding T-turn conversations (each turn resends the history),
     /// with the prompt cache off and then on; TTFT of turn 1 against later turns.
     MultiTurn,
+    /// The same prompts unconstrained and under a JSON schema: decode speed of each.
+    Constrained,
 }
 
 #[derive(Args, Debug)]
@@ -410,19 +412,38 @@ pub fn long_system_prompt(owner: &str) -> String {
 }
 
 const QUESTIONS: &[&str] = &[
-    "When do you open?", "Can I renew a book online?", "Is there wifi?", "Where can I print?",
-    "Do you have audio books?", "Can children get a card?", "How much is a late fee?", "Are pets allowed?",
-    "Do you sell coffee?", "Is parking free?", "Can I reserve a room?", "Do you have French novels?",
-    "Where are the toilets?", "Can I donate books?", "Is there a reading club?", "Who can I call?",
+    "When do you open?",
+    "Can I renew a book online?",
+    "Is there wifi?",
+    "Where can I print?",
+    "Do you have audio books?",
+    "Can children get a card?",
+    "How much is a late fee?",
+    "Are pets allowed?",
+    "Do you sell coffee?",
+    "Is parking free?",
+    "Can I reserve a room?",
+    "Do you have French novels?",
+    "Where are the toilets?",
+    "Can I donate books?",
+    "Is there a reading club?",
+    "Who can I call?",
 ];
 
-fn shared_prefix_workload(rt: &tokio::runtime::Runtime, target: &Target, args: &BenchArgs) -> Result<Outcome, CliError> {
+fn shared_prefix_workload(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    args: &BenchArgs,
+) -> Result<Outcome, CliError> {
     let sys = Arc::new(long_system_prompt("Library of Springfield."));
     let max_tokens = args.max_tokens;
     let make = |cache: bool| -> MakeRequest {
         let sys = sys.clone();
         Arc::new(move |c, _| BenchRequest {
-            prompt: format!("{sys}\nUser: {}\nAssistant:", QUESTIONS[c % QUESTIONS.len()]),
+            prompt: format!(
+                "{sys}\nUser: {}\nAssistant:",
+                QUESTIONS[c % QUESTIONS.len()]
+            ),
             max_tokens,
             cache_prompt: cache,
             ignore_eos: true,
@@ -442,12 +463,23 @@ fn shared_prefix_workload(rt: &tokio::runtime::Runtime, target: &Target, args: &
     let off = report("shared-prefix cache off", args.clients, &s, w);
     let (s, w) = run_clients(rt, target, args.clients, 1, make(true))?;
     let on = report("shared-prefix cache on", args.clients, &s, w);
-    out.ratio("ttft_p50_on_over_off", on.ttft_p50_ms / off.ttft_p50_ms.max(1e-9));
-    out.ratio("tok_s_on_over_off", on.tokens_per_s / off.tokens_per_s.max(1e-9));
+    out.ratio(
+        "ttft_p50_on_over_off",
+        on.ttft_p50_ms / off.ttft_p50_ms.max(1e-9),
+    );
+    out.ratio(
+        "tok_s_on_over_off",
+        on.tokens_per_s / off.tokens_per_s.max(1e-9),
+    );
     #[allow(irrefutable_let_patterns)]
     if let Target::Local(e) = target {
-        let n = e.vocab().tokenize(&sys, true, true).map(|t| t.len()).unwrap_or(0);
-        out.extra.insert("system_prompt_tokens".into(), serde_json::json!(n));
+        let n = e
+            .vocab()
+            .tokenize(&sys, true, true)
+            .map(|t| t.len())
+            .unwrap_or(0);
+        out.extra
+            .insert("system_prompt_tokens".into(), serde_json::json!(n));
     }
     out.reports = vec![off, on];
     Ok(out)
@@ -475,7 +507,10 @@ fn conversations(
                     let mut history = long_system_prompt(&format!("Conversation {tag}-{c}."));
                     let mut samples = Vec::with_capacity(turns);
                     for t in 0..turns {
-                        history.push_str(&format!("\nUser: {}\nAssistant:", QUESTIONS[(c * 5 + t) % QUESTIONS.len()]));
+                        history.push_str(&format!(
+                            "\nUser: {}\nAssistant:",
+                            QUESTIONS[(c * 5 + t) % QUESTIONS.len()]
+                        ));
                         let s = target
                             .generate(&BenchRequest {
                                 prompt: history.clone(),
@@ -494,7 +529,9 @@ fn conversations(
             .collect();
         let mut per_turn: Vec<Vec<Sample>> = vec![Vec::new(); turns];
         for t in tasks {
-            let r = t.await.map_err(|_| CliError::runtime("a bench client panicked"))?;
+            let r = t
+                .await
+                .map_err(|_| CliError::runtime("a bench client panicked"))?;
             for (i, s) in r.map_err(CliError::runtime)?.into_iter().enumerate() {
                 per_turn[i].push(s);
             }
@@ -503,14 +540,36 @@ fn conversations(
     })
 }
 
-fn multi_turn_workload(rt: &tokio::runtime::Runtime, target: &Target, args: &BenchArgs) -> Result<Outcome, CliError> {
+fn multi_turn_workload(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    args: &BenchArgs,
+) -> Result<Outcome, CliError> {
     let mut out = Outcome::default();
     let turns = args.turns.max(2);
     for (cache, label) in [(false, "off"), (true, "on")] {
-        let (per_turn, wall) = conversations(rt, target, args.clients, turns, args.max_tokens, cache, label)?;
-        let first = report(&format!("multi-turn {label} turn 1"), args.clients, &per_turn[0], wall);
+        let (per_turn, wall) = conversations(
+            rt,
+            target,
+            args.clients,
+            turns,
+            args.max_tokens,
+            cache,
+            label,
+        )?;
+        let first = report(
+            &format!("multi-turn {label} turn 1"),
+            args.clients,
+            &per_turn[0],
+            wall,
+        );
         let later: Vec<Sample> = per_turn[1..].iter().flatten().cloned().collect();
-        let rest = report(&format!("multi-turn {label} turns 2-{turns}"), args.clients, &later, wall);
+        let rest = report(
+            &format!("multi-turn {label} turns 2-{turns}"),
+            args.clients,
+            &later,
+            wall,
+        );
         out.ratio(
             &format!("cache_{label}_ttft_p50_later_over_turn1"),
             rest.ttft_p50_ms / first.ttft_p50_ms.max(1e-9),
@@ -518,6 +577,77 @@ fn multi_turn_workload(rt: &tokio::runtime::Runtime, target: &Target, args: &Ben
         out.reports.push(first);
         out.reports.push(rest);
     }
+    Ok(out)
+}
+
+/// The schema of the constrained workload: an object with free text fields, so
+/// outputs are long enough to measure decoding.
+pub fn bench_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 60},
+            "summary": {"type": "string", "maxLength": 240},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+            "rating": {"enum": ["low", "medium", "high"]}
+        },
+        "required": ["title", "summary", "tags", "year", "rating"],
+        "additionalProperties": false
+    })
+}
+
+fn constrained_workload(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    args: &BenchArgs,
+) -> Result<Outcome, CliError> {
+    let max_tokens = args.max_tokens;
+    let make = |constrained: bool| -> MakeRequest {
+        Arc::new(move |c, r| BenchRequest {
+            prompt: format!(
+                "Describe a book about {} as a JSON object:",
+                TOPICS[(c * 7 + r) % TOPICS.len()]
+            ),
+            // A schema ends the output itself (end-of-generation stays allowed);
+            // the limit only guards against a runaway.
+            max_tokens: if constrained {
+                max_tokens.max(512)
+            } else {
+                max_tokens
+            },
+            cache_prompt: true,
+            ignore_eos: !constrained,
+            constraint: constrained.then(|| OutputConstraint::JsonSchema(bench_schema())),
+        })
+    };
+    let mut out = Outcome::default();
+    run_clients(rt, target, 1, 1, make(false))?;
+    let (s, w) = run_clients(rt, target, args.clients, args.requests, make(false))?;
+    let plain = report("unconstrained", args.clients, &s, w);
+    let (s, w) = run_clients(rt, target, args.clients, args.requests, make(true))?;
+    let valid = s
+        .iter()
+        .filter(|x| serde_json::from_str::<serde_json::Value>(x.text.trim()).is_ok())
+        .count();
+    let constrained = report("json schema", args.clients, &s, w);
+    out.ratio(
+        "constrained_over_unconstrained_decode_tok_s",
+        constrained.request_decode_tokens_per_s / plain.request_decode_tokens_per_s.max(1e-9),
+    );
+    out.extra.insert(
+        "constrained_outputs_parsing".into(),
+        serde_json::json!(format!("{valid}/{}", s.len())),
+    );
+    out.extra.insert(
+        "unconstrained_request_decode_tok_s".into(),
+        serde_json::json!(plain.request_decode_tokens_per_s),
+    );
+    out.extra.insert(
+        "constrained_request_decode_tok_s".into(),
+        serde_json::json!(constrained.request_decode_tokens_per_s),
+    );
+    out.reports = vec![plain, constrained];
     Ok(out)
 }
 
@@ -537,6 +667,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Workload::Generate => generate_workload(&rt, &target, &args)?,
         Workload::SharedPrefix => shared_prefix_workload(&rt, &target, &args)?,
         Workload::MultiTurn => multi_turn_workload(&rt, &target, &args)?,
+        Workload::Constrained => constrained_workload(&rt, &target, &args)?,
     };
     let Target::Local(engine) = &target;
     let m = engine.metrics();

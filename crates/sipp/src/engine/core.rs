@@ -388,7 +388,9 @@ impl<B: Backend> EngineCore<B> {
                 .filter(|w| w.tokens.plan.prefill == PrefillKind::Decode)
                 .map(|w| {
                     let t = &w.tokens;
-                    let start = t.prefix_wait.map_or(t.prefill_cursor, |p| p.len.max(t.prefill_cursor));
+                    let start = t
+                        .prefix_wait
+                        .map_or(t.prefill_cursor, |p| p.len.max(t.prefill_cursor));
                     t.context.len().saturating_sub(start)
                 })
                 .sum();

@@ -191,6 +191,7 @@ impl RequestPreparer {
         let mut sampling = req.sampling.unwrap_or_else(|| info.sampling.clone());
         sampling.validate()?;
         if let Some(c) = &req.constraint {
+            c.validate()?;
             self.vocab.check_constraint(c)?;
         }
         if let Some(n) = req.logprobs {

@@ -470,8 +470,16 @@ pub fn schema_to_gbnf(schema: &serde_json::Value) -> Result<String, SamplingErro
         ));
     }
     let text = serde_json::to_string(schema).map_err(|e| SamplingError::Schema(e.to_string()))?;
-    llama_cpp_2::json_schema_to_grammar(&text).map_err(|e| SamplingError::Schema(e.to_string()))
+    crate::sampling::check_schema_supported(schema)?;
+    // llama-cpp-2 drops the converter's message; the checks above catch what
+    // they can name, and anything else is reported as a refusal.
+    llama_cpp_2::json_schema_to_grammar(&text).map_err(|e| {
+        SamplingError::Schema(format!("llama.cpp's schema converter refused it ({e})"))
+    })
 }
+
+/// Candidates the grammar is tried on before the whole vocabulary.
+const GRAMMAR_SHORTLIST: usize = 512;
 
 /// A request's sampler: the chain, and a grammar kept apart so it is consulted
 /// only when the chain's pick breaks it (llama.cpp's grammar-rejection path).
@@ -690,10 +698,25 @@ impl Backend for LlamaRuntime {
                 let chosen = if allowed {
                     first
                 } else {
+                    // The grammar over the whole vocabulary costs milliseconds;
+                    // the most likely few hundred candidates hold the pick in
+                    // practice (exactly so for greedy), so try those first.
                     let mut buf = std::mem::take(&mut arr.data);
                     fill(&mut buf);
+                    if buf.len() > GRAMMAR_SHORTLIST {
+                        buf.select_nth_unstable_by(GRAMMAR_SHORTLIST - 1, |a, b| {
+                            b.logit().total_cmp(&a.logit())
+                        });
+                        buf.truncate(GRAMMAR_SHORTLIST);
+                    }
                     arr = LlamaTokenDataArray::new(buf, false);
                     arr.apply_sampler(grammar);
+                    if arr.data.iter().all(|d| d.logit() == f32::NEG_INFINITY) {
+                        let mut buf = std::mem::take(&mut arr.data);
+                        fill(&mut buf);
+                        arr = LlamaTokenDataArray::new(buf, false);
+                        arr.apply_sampler(grammar);
+                    }
                     if arr.data.iter().all(|d| d.logit() == f32::NEG_INFINITY) {
                         self.candidates = arr.data;
                         return Err(SampleError::GrammarExhausted);

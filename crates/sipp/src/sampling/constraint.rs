@@ -26,3 +26,258 @@ number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1
 ws     ::= | " " | "\n" [ \t]{0,20}
 "#
 }
+
+/// Keywords that only annotate a schema; they constrain nothing.
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "$defs",
+    "definitions",
+    "readOnly",
+    "writeOnly",
+    "deprecated",
+    "$anchor",
+];
+
+/// Keywords llama.cpp's schema converter enforces.
+const SUPPORTED: &[&str] = &[
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "enum",
+    "const",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+];
+
+/// String formats the converter turns into grammar.
+const FORMATS: &[&str] = &[
+    "date",
+    "time",
+    "date-time",
+    "uuid",
+    "uuid1",
+    "uuid2",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+];
+
+fn unsupported(path: &str, message: String) -> crate::sampling::SamplingError {
+    crate::sampling::SamplingError::Schema(format!("at {path}: {message}"))
+}
+
+/// Rejects schema features the grammar converter would silently ignore, so a
+/// request never gets output that looks constrained but is not. The error
+/// names the keyword and where it is.
+pub fn check_schema_supported(
+    schema: &serde_json::Value,
+) -> Result<(), crate::sampling::SamplingError> {
+    check_node(schema, schema, "#")
+}
+
+/// Resolves a local `$ref` ("#/..."), as the converter does.
+fn resolve_ref<'a>(root: &'a serde_json::Value, r: &str) -> Option<&'a serde_json::Value> {
+    let pointer = r.strip_prefix('#')?;
+    if pointer.is_empty() {
+        return Some(root);
+    }
+    root.pointer(pointer)
+}
+
+fn check_node(
+    root: &serde_json::Value,
+    node: &serde_json::Value,
+    path: &str,
+) -> Result<(), crate::sampling::SamplingError> {
+    let obj = match node {
+        serde_json::Value::Bool(_) => return Ok(()),
+        serde_json::Value::Object(o) => o,
+        _ => {
+            return Err(unsupported(
+                path,
+                "a schema must be an object or a boolean".into(),
+            ))
+        }
+    };
+    for key in obj.keys() {
+        if !SUPPORTED.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) {
+            return Err(unsupported(
+                path,
+                format!("the keyword `{key}` is not supported"),
+            ));
+        }
+    }
+    let types: Vec<&str> = match obj.get("type") {
+        Some(serde_json::Value::String(t)) => vec![t.as_str()],
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
+        _ => Vec::new(),
+    };
+    let has_bounds = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
+        .iter()
+        .find(|k| obj.contains_key(**k));
+    if let Some(k) = has_bounds {
+        if !types.contains(&"integer") || types.len() > 1 {
+            return Err(unsupported(
+                path,
+                format!("`{k}` is only supported on \"type\": \"integer\""),
+            ));
+        }
+    }
+    if let Some(f) = obj.get("format") {
+        let f = f.as_str().unwrap_or_default();
+        if !FORMATS.contains(&f) {
+            return Err(unsupported(
+                path,
+                format!(
+                    "the string format `{f}` is not supported (supported: {})",
+                    FORMATS.join(", ")
+                ),
+            ));
+        }
+    }
+    for key in ["properties", "$defs", "definitions"] {
+        if let Some(serde_json::Value::Object(props)) = obj.get(key) {
+            for (name, sub) in props {
+                check_node(root, sub, &format!("{path}/{key}/{name}"))?;
+            }
+        }
+    }
+    if let Some(r) = obj.get("$ref") {
+        let r = r.as_str().unwrap_or_default();
+        if resolve_ref(root, r).is_none() {
+            return Err(unsupported(
+                path,
+                format!("`$ref` {r:?} does not resolve to a local definition"),
+            ));
+        }
+    }
+    if obj.get("items").is_some_and(serde_json::Value::is_boolean) {
+        return Err(unsupported(
+            path,
+            "`items` must be a schema object, not a boolean".into(),
+        ));
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(sub) = obj.get(key) {
+            if sub.is_object() {
+                check_node(root, sub, &format!("{path}/{key}"))?;
+            }
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(serde_json::Value::Array(subs)) = obj.get(key) {
+            for (i, sub) in subs.iter().enumerate() {
+                check_node(root, sub, &format!("{path}/{key}/{i}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl OutputConstraint {
+    /// Checks what can be checked without a model: the schema's features.
+    pub fn validate(&self) -> Result<(), crate::sampling::SamplingError> {
+        match self {
+            OutputConstraint::Grammar(g) if g.trim().is_empty() => Err(
+                crate::sampling::SamplingError::Grammar("the grammar is empty".into()),
+            ),
+            OutputConstraint::JsonSchema(s) => check_schema_supported(s),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn supported_schemas_pass() {
+        let s = json!({
+            "type": "object",
+            "title": "Person",
+            "properties": {
+                "name": {"type": "string", "maxLength": 20},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "born": {"type": "string", "format": "date"},
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}
+            },
+            "required": ["name"],
+            "additionalProperties": false
+        });
+        OutputConstraint::JsonSchema(s)
+            .validate()
+            .expect("supported");
+    }
+
+    #[test]
+    fn ignored_features_are_rejected_with_their_place() {
+        let cases = [
+            (
+                json!({"type": "number", "multipleOf": 3}),
+                "`multipleOf`",
+                "#",
+            ),
+            (
+                json!({"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5}}}),
+                "`minimum`",
+                "#/properties/x",
+            ),
+            (json!({"type": "string", "format": "email"}), "`email`", "#"),
+            (
+                json!({"type": "array", "items": {"type": "string"}, "uniqueItems": true}),
+                "`uniqueItems`",
+                "#",
+            ),
+            (
+                json!({"anyOf": [{"not": {"type": "null"}}]}),
+                "`not`",
+                "#/anyOf/0",
+            ),
+            (json!(3), "object or a boolean", "#"),
+            (
+                json!({"properties": {"a": {"$ref": "#/$defs/missing"}}}),
+                "`$ref`",
+                "#/properties/a",
+            ),
+            (json!({"type": "array", "items": false}), "`items`", "#"),
+        ];
+        for (schema, what, path) in cases {
+            let msg = OutputConstraint::JsonSchema(schema)
+                .validate()
+                .expect_err("rejected")
+                .to_string();
+            assert!(
+                msg.contains("json_schema") && msg.contains(what) && msg.contains(path),
+                "{msg}"
+            );
+        }
+        let msg = OutputConstraint::Grammar("  ".into())
+            .validate()
+            .expect_err("empty")
+            .to_string();
+        assert!(msg.contains("`grammar`"), "{msg}");
+    }
+}

@@ -6,7 +6,7 @@
 
 mod constraint;
 
-pub use constraint::{json_object_grammar, OutputConstraint};
+pub use constraint::{check_schema_supported, json_object_grammar, OutputConstraint};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
