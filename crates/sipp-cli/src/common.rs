@@ -62,6 +62,7 @@ impl From<EngineError> for CliError {
             | EngineError::InputTooLong { .. }
             | EngineError::InvalidRequest { .. }
             | EngineError::Sampling(_)
+            | EngineError::Chat(_)
             | EngineError::Unsupported(_) => CliError::usage(e.to_string()),
             _ => CliError::runtime(e.to_string()),
         }

@@ -23,6 +23,8 @@ struct Cli {
 enum Cmd {
     /// Generate a completion for a prompt, streamed to stdout.
     Run(commands::run::RunArgs),
+    /// Chat interactively with a model (history kept across turns).
+    Chat(commands::chat::ChatArgs),
     /// Describe a GGUF model.
     Inspect(commands::inspect::InspectArgs),
     /// Fetch and list named models.
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), CliError> = match cli.command {
         Cmd::Run(a) => commands::run::run(a),
+        Cmd::Chat(a) => commands::chat::run(a),
         Cmd::Inspect(a) => commands::inspect::run(a),
         Cmd::Models(a) => commands::models::run(a),
         Cmd::Bench(a) => commands::bench::run(a),

@@ -6,6 +6,7 @@
 //! (UTF-8 carry, stop strings) and [`runtime`] (the only code that touches
 //! llama.cpp, behind a trait with a fake implementation for tests).
 
+pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod models;

@@ -403,3 +403,18 @@ fn embedding_on_a_generation_context_is_rejected() {
     let err = e.embed(EmbedRequest::new("hello")).unwrap_err();
     assert!(err.to_string().contains("embeddings"), "{err}");
 }
+
+#[test]
+fn chat_without_a_template_is_rejected_and_plain_prompts_still_work() {
+    let e = engine(1, CacheMode::Off, FakeConfig::default());
+    let err = e
+        .chat(&[sipp::chat::ChatMessage::user("hi")], greedy("", 4))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("tokenizer.chat_template"), "{msg}");
+    assert!(e
+        .generate(greedy("hi", 2))
+        .expect("query works")
+        .blocking_completion()
+        .is_ok());
+}

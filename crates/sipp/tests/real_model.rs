@@ -278,3 +278,33 @@ fn prompt_longer_than_context_is_rejected_with_numbers() {
         other => panic!("{other}"),
     }
 }
+
+#[test]
+fn chat_renders_chatml_and_adds_no_second_bos() {
+    use sipp::chat::ChatMessage;
+    let e = engine_with(1, |_| {});
+    let messages = [
+        ChatMessage::system("You are terse."),
+        ChatMessage::user("Name a colour."),
+    ];
+    let text = e.render_chat(&messages, true).expect("renders");
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let c = e
+        .chat(&messages, greedy("", 16))
+        .expect("submit")
+        .blocking_completion()
+        .expect("ok");
+    // The prompt is the template's special tokens parsed, once.
+    let expected = e.vocab().tokenize(&text, false, true).expect("tokens");
+    assert_eq!(c.usage.prompt_tokens, expected.len());
+    assert!(
+        !c.text.contains("<|im_end|>") && !c.text.is_empty(),
+        "{:?}",
+        c.text
+    );
+    let err = e.chat(&[], greedy("", 4)).unwrap_err();
+    assert!(err.to_string().contains("messages"), "{err}");
+}

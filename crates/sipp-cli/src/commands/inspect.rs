@@ -12,11 +12,25 @@ pub struct InspectArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Print only the chat template.
+    #[arg(long = "chat-template")]
+    pub chat_template: bool,
 }
 
 pub fn run(args: InspectArgs) -> Result<(), CliError> {
     let path = sipp::models::resolve_or_fetch(&args.model)?;
     let header = check_gguf(&path).map_err(|e| CliError::usage(e.to_string()))?;
+    if args.chat_template {
+        let t = header
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(MetaValue::as_str)
+            .ok_or_else(|| {
+                CliError::usage("the model has no chat template (tokenizer.chat_template)")
+            })?;
+        print!("{t}");
+        return Ok(());
+    }
     // Loading gives llama.cpp's own view: parameter count, vocabulary, tokens.
     let mut cfg = sipp::NativeRuntimeConfig::default();
     cfg.context.n_ctx = 256;

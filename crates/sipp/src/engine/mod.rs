@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::chat::{ChatError, ChatMessage, ChatTemplate};
 use crate::config::NativeRuntimeConfig;
 use crate::runtime::{Backend, ModelInfo, Pooling, Token, Vocab};
 use crate::sampling::{BiasTarget, LogitBias, SamplingParams};
@@ -95,6 +96,7 @@ pub struct RequestPreparer {
     vocab: Arc<dyn Vocab>,
     info: Arc<EngineInfo>,
     eog_tokens: Arc<Vec<Token>>,
+    chat_template: Arc<Result<ChatTemplate, ChatError>>,
 }
 
 impl std::fmt::Debug for RequestPreparer {
@@ -124,11 +126,49 @@ impl RequestPreparer {
         let eog_tokens = (0..info.model.n_vocab as Token)
             .filter(|&t| vocab.is_eog(t))
             .collect();
+        let token_text = |t: Option<Token>| t.map(|t| vocab.token_text(t)).unwrap_or_default();
+        let chat_template = match &info.model.chat_template {
+            Some(source) => ChatTemplate::new(
+                source,
+                &token_text(info.model.bos),
+                &token_text(info.model.eos),
+            ),
+            None => Err(ChatError::NoTemplate),
+        };
         Self {
             vocab,
             info: Arc::new(info),
             eog_tokens: Arc::new(eog_tokens),
+            chat_template: Arc::new(chat_template),
         }
+    }
+
+    /// Renders a conversation with the model's chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        match self.chat_template.as_ref() {
+            Ok(t) => t.render(messages, add_generation_prompt),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// The token ids of a rendered conversation: special-token text parsed,
+    /// BOS added only when the model wants one and the template did not write it.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
+        let text = self.render_chat(messages, true)?;
+        let mut tokens = self
+            .vocab
+            .tokenize(&text, false, true)
+            .map_err(|e| EngineError::Tokenize(e.to_string()))?;
+        if let Some(bos) = self.info.model.bos {
+            if self.info.model.add_bos && tokens.first() != Some(&bos) {
+                tokens.insert(0, bos);
+            }
+        }
+        Ok(PromptInput::Tokens(tokens))
     }
 
     /// What the engine can do.
@@ -469,6 +509,29 @@ impl Engine {
         self.submit(prepared, rx)
     }
 
+    /// Submits a chat: the conversation is rendered with the model's chat
+    /// template and replaces `req.prompt`.
+    pub fn chat(
+        &self,
+        messages: &[ChatMessage],
+        req: GenerateRequest,
+    ) -> Result<RequestHandle, EngineError> {
+        let prompt = self.inner.preparer.chat_prompt(messages)?;
+        self.generate(GenerateRequest { prompt, ..req })
+    }
+
+    /// Renders a conversation with the model's chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        Ok(self
+            .inner
+            .preparer
+            .render_chat(messages, add_generation_prompt)?)
+    }
+
     /// Submits an embedding request.
     pub fn embed(&self, req: EmbedRequest) -> Result<RequestHandle, EngineError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -527,6 +590,20 @@ fn run_engine<B: Backend>(
     alive.store(false, Ordering::Relaxed);
     if result.is_err() {
         tracing::error!("the engine thread panicked; every request in it has failed");
+    }
+}
+
+/// Cancels one request; cheap to clone and usable from any thread.
+#[derive(Debug, Clone)]
+pub struct Canceller {
+    id: RequestId,
+    commands: mpsc::Sender<Command>,
+}
+
+impl Canceller {
+    /// Cancels the request (no effect once it has finished).
+    pub fn cancel(&self) {
+        let _ = self.commands.send(Command::Cancel(self.id));
     }
 }
 
@@ -593,6 +670,14 @@ impl RequestHandle {
     /// Cancels the request; its final event reports `cancelled`.
     pub fn cancel(&self) {
         let _ = self.commands.send(Command::Cancel(self.id));
+    }
+
+    /// A handle that can cancel this request from another thread.
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            id: self.id,
+            commands: self.commands.clone(),
+        }
     }
 
     /// Waits for the final completion, discarding deltas.

@@ -313,6 +313,9 @@ pub enum EngineError {
     /// Tokenization failed.
     #[error("tokenization failed: {0}")]
     Tokenize(String),
+    /// The conversation could not be rendered.
+    #[error(transparent)]
+    Chat(#[from] crate::chat::ChatError),
     /// The engine has stopped.
     #[error("the engine has stopped")]
     EngineStopped,

@@ -1,0 +1,338 @@
+//! Chat: the message types every surface shares (local engine, server,
+//! gateway and providers), and chat-template rendering with a real Jinja engine
+//! set up the way Hugging Face transformers renders templates.
+
+mod json;
+
+use serde::{Deserialize, Serialize};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+impl Role {
+    /// The name templates see.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+}
+
+/// A message's content: text, or a list of parts (OpenAI's two shapes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Typed parts.
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The content as one text (parts joined by newlines).
+    pub fn text(&self) -> String {
+        match self {
+            MessageContent::Text(t) => t.clone(),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    ContentPart::Text { text } => text.as_str(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+impl From<&str> for MessageContent {
+    fn from(s: &str) -> Self {
+        MessageContent::Text(s.to_string())
+    }
+}
+
+impl From<String> for MessageContent {
+    fn from(s: String) -> Self {
+        MessageContent::Text(s)
+    }
+}
+
+/// A chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// What it says.
+    pub content: MessageContent,
+    /// Optional author name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// For `tool` messages: the call this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with text content.
+    pub fn new(role: Role, content: impl Into<MessageContent>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            name: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(content: impl Into<MessageContent>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<MessageContent>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    /// An assistant message.
+    pub fn assistant(content: impl Into<MessageContent>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+}
+
+/// Why a chat prompt could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChatError {
+    /// The model has no template.
+    #[error("this model has no chat template (the GGUF key `tokenizer.chat_template` is missing); send a plain prompt instead")]
+    NoTemplate,
+    /// The template does not parse.
+    #[error("the model's chat template is invalid: {0}")]
+    InvalidTemplate(String),
+    /// The template raised an error for these messages.
+    #[error("the chat template rejected the conversation: {0}")]
+    Raised(String),
+    /// Rendering failed.
+    #[error("the chat template failed to render: {0}")]
+    Render(String),
+    /// No messages.
+    #[error("`messages` must contain at least one message")]
+    NoMessages,
+}
+
+/// Rendering limit: a hostile template cannot loop forever.
+const TEMPLATE_FUEL: u64 = 2_000_000;
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: minijinja::Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .finish()
+    }
+}
+
+fn raise_exception(message: String) -> Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(
+        minijinja::ErrorKind::InvalidOperation,
+        format!("raise_exception: {message}"),
+    ))
+}
+
+fn strftime_now(format: String) -> String {
+    chrono::Local::now().format(&format).to_string()
+}
+
+impl ChatTemplate {
+    /// Compiles a template with the bos/eos token texts it may reference.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatError> {
+        let mut env = minijinja::Environment::new();
+        // transformers renders with trim_blocks and lstrip_blocks on.
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ChatError::InvalidTemplate(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(64);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", json::tojson);
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| ChatError::InvalidTemplate(describe(&e)))?;
+        Ok(Self {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// Renders a conversation; `add_generation_prompt` appends the opening of
+    /// the assistant's turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        if messages.is_empty() {
+            return Err(ChatError::NoMessages);
+        }
+        let msgs: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| {
+                let mut o =
+                    serde_json::json!({"role": m.role.as_str(), "content": m.content.text()});
+                if let Some(n) = &m.name {
+                    o["name"] = serde_json::Value::String(n.clone());
+                }
+                if let Some(id) = &m.tool_call_id {
+                    o["tool_call_id"] = serde_json::Value::String(id.clone());
+                }
+                o
+            })
+            .collect();
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| ChatError::InvalidTemplate(describe(&e)))?;
+        let ctx = minijinja::context! {
+            messages => minijinja::Value::from(minijinja::value::Serde(&msgs)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        };
+        tmpl.render(ctx).map_err(|e| {
+            // The message of raise_exception, wherever in the chain it sits.
+            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(err) = cur {
+                if let Some(m) = err.downcast_ref::<minijinja::Error>() {
+                    if let Some(msg) = m.detail().and_then(|d| d.strip_prefix("raise_exception: "))
+                    {
+                        return ChatError::Raised(msg.to_string());
+                    }
+                }
+                cur = err.source();
+            }
+            ChatError::Render(describe(&e))
+        })
+    }
+
+    /// The BOS token text templates see.
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+}
+
+/// One line for an error, with its cause chain.
+fn describe(e: &minijinja::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn renders_chatml() {
+        let t = ChatTemplate::new(CHATML, "<s>", "</s>").expect("compiles");
+        let out = t
+            .render(
+                &[ChatMessage::system("Be brief."), ChatMessage::user("Hi")],
+                true,
+            )
+            .expect("renders");
+        assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn raise_exception_is_a_clear_error() {
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", "", "")
+            .expect("compiles");
+        let err = t.render(&[ChatMessage::user("x")], true).unwrap_err();
+        assert_eq!(err, ChatError::Raised("roles must alternate".into()));
+    }
+
+    #[test]
+    fn broken_and_looping_templates_fail_cleanly() {
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(ChatError::InvalidTemplate(_))
+        ));
+        let t = ChatTemplate::new("{% for i in range(100000000) %}{{ i }}{% endfor %}", "", "")
+            .expect("compiles");
+        assert!(matches!(
+            t.render(&[ChatMessage::user("x")], true),
+            Err(ChatError::Render(_))
+        ));
+        let t =
+            ChatTemplate::new("{{ messages[5]['content'].upper() }}", "", "").expect("compiles");
+        assert!(t.render(&[ChatMessage::user("x")], true).is_err());
+    }
+
+    #[test]
+    fn python_methods_and_tojson_work() {
+        let t = ChatTemplate::new(
+            "{{ messages[0]['content'].strip().upper() }}|{{ messages[0] | tojson }}|{{ strftime_now('%Y') | length }}",
+            "",
+            "",
+        )
+        .expect("compiles");
+        let out = t
+            .render(&[ChatMessage::user("  hé <b> ")], false)
+            .expect("renders");
+        assert_eq!(
+            out,
+            "HÉ <B>|{\"role\": \"user\", \"content\": \"  hé <b> \"}|4"
+        );
+    }
+
+    #[test]
+    fn content_parts_are_joined() {
+        let m: ChatMessage = serde_json::from_str(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(m.content.text(), "a\nb");
+        assert!(serde_json::from_str::<ChatMessage>(r#"{"role":"wizard","content":"x"}"#).is_err());
+    }
+}
