@@ -25,6 +25,8 @@ enum Cmd {
     Run(commands::run::RunArgs),
     /// Chat interactively with a model (history kept across turns).
     Chat(commands::chat::ChatArgs),
+    /// Embed texts: one JSON vector per line.
+    Embed(commands::embed::EmbedArgs),
     /// Describe a GGUF model.
     Inspect(commands::inspect::InspectArgs),
     /// Fetch and list named models.
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
     let result: Result<(), CliError> = match cli.command {
         Cmd::Run(a) => commands::run::run(a),
         Cmd::Chat(a) => commands::chat::run(a),
+        Cmd::Embed(a) => commands::embed::run(a),
         Cmd::Inspect(a) => commands::inspect::run(a),
         Cmd::Models(a) => commands::models::run(a),
         Cmd::Bench(a) => commands::bench::run(a),

@@ -31,6 +31,8 @@ pub enum Workload {
     MultiTurn,
     /// The same prompts unconstrained and under a JSON schema: decode speed of each.
     Constrained,
+    /// C x R embedding inputs one by one, then from C concurrent clients.
+    Embed,
 }
 
 #[derive(Args, Debug)]
@@ -651,8 +653,72 @@ fn constrained_workload(
     Ok(out)
 }
 
+/// Embeddings per second for `inputs`, sent by `clients` concurrent clients.
+fn embed_rate(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    inputs: &[String],
+    clients: usize,
+) -> Result<f64, CliError> {
+    rt.block_on(async {
+        let start = Instant::now();
+        let chunks: Vec<Vec<String>> = (0..clients)
+            .map(|c| inputs.iter().skip(c).step_by(clients).cloned().collect())
+            .collect();
+        let tasks: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let target = target.clone();
+                tokio::spawn(async move { embed_all(&target, &chunk).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await
+                .map_err(|_| CliError::runtime("a bench client panicked"))?
+                .map_err(CliError::runtime)?;
+        }
+        Ok(inputs.len() as f64 / start.elapsed().as_secs_f64())
+    })
+}
+
+fn embed_workload(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    args: &BenchArgs,
+) -> Result<Outcome, CliError> {
+    let n = (args.clients * args.requests).max(1);
+    let inputs: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                "{} Question {i}: {}",
+                TOPICS[i % TOPICS.len()],
+                QUESTIONS[i % QUESTIONS.len()]
+            )
+        })
+        .collect();
+    let mut out = Outcome::default();
+    embed_rate(rt, target, &inputs[..1], 1)?;
+    let alone = embed_rate(rt, target, &inputs, 1)?;
+    let together = embed_rate(rt, target, &inputs, args.clients)?;
+    out.extra.insert("inputs".into(), serde_json::json!(n));
+    out.extra.insert(
+        "one_by_one_embeddings_per_s".into(),
+        serde_json::json!(alone),
+    );
+    out.extra.insert(
+        "concurrent_embeddings_per_s".into(),
+        serde_json::json!(together),
+    );
+    out.ratio("concurrent_over_one_by_one", together / alone.max(1e-9));
+    Ok(out)
+}
+
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut cfg = args.model.runtime_config()?;
+    if args.workload == Workload::Embed {
+        cfg.context.embeddings = true;
+        cfg.cache.idle_sequences = 0;
+    }
     if args.model.parallel.is_none() {
         cfg.context.n_parallel = cfg.context.n_parallel.max(args.clients as u32);
     }
@@ -668,6 +734,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Workload::SharedPrefix => shared_prefix_workload(&rt, &target, &args)?,
         Workload::MultiTurn => multi_turn_workload(&rt, &target, &args)?,
         Workload::Constrained => constrained_workload(&rt, &target, &args)?,
+        Workload::Embed => embed_workload(&rt, &target, &args)?,
     };
     let Target::Local(engine) = &target;
     let m = engine.metrics();
@@ -695,7 +762,6 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-#[allow(dead_code)]
 async fn embed_all(target: &Target, inputs: &[String]) -> Result<(), String> {
     for i in inputs {
         target.embed(i).await?;

