@@ -31,6 +31,8 @@ enum Cmd {
     Inspect(commands::inspect::InspectArgs),
     /// Fetch and list named models.
     Models(commands::models::ModelsArgs),
+    /// Serve models over HTTP (OpenAI API and sipp's own profile).
+    Serve(commands::serve::ServeArgs),
     /// Measure throughput and latency under concurrency.
     Bench(commands::bench::BenchArgs),
 }
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Inspect(a) => commands::inspect::run(a),
         Cmd::Models(a) => commands::models::run(a),
         Cmd::Bench(a) => commands::bench::run(a),
+        Cmd::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

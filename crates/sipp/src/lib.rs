@@ -10,6 +10,7 @@ pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod models;
+pub mod protocol;
 pub mod runtime;
 pub mod sampling;
 pub mod scheduler;

@@ -6,3 +6,4 @@ pub mod embed;
 pub mod inspect;
 pub mod models;
 pub mod run;
+pub mod serve;

@@ -258,6 +258,33 @@ impl<B: Backend> EngineCore<B> {
         }
     }
 
+    /// Cancels every queued and running request.
+    pub fn cancel_all(&mut self) {
+        let ids: Vec<RequestId> = self
+            .queue_ids()
+            .into_iter()
+            .chain(
+                self.slots
+                    .iter()
+                    .filter_map(|s| s.work.as_ref().map(|w| w.tokens.request_id)),
+            )
+            .collect();
+        for id in ids {
+            self.cancel(id);
+        }
+    }
+
+    fn queue_ids(&mut self) -> Vec<RequestId> {
+        let mut ids = Vec::new();
+        let mut rest = AdmissionQueue::default();
+        while let Some(r) = self.queue.pop() {
+            ids.push(r.id);
+            rest.push(r);
+        }
+        self.queue = rest;
+        ids
+    }
+
     /// Fails everything (the engine is stopping).
     pub fn shutdown(&mut self) {
         for req in self.queue.drain().collect::<Vec<_>>() {

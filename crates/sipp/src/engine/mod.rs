@@ -39,6 +39,7 @@ pub const MAX_STOP_STRINGS: usize = 16;
 enum Command {
     Submit(PreparedRequest),
     Cancel(RequestId),
+    CancelAll,
     Shutdown,
 }
 
@@ -500,6 +501,12 @@ impl Engine {
         })
     }
 
+    /// Cancels every queued and running request (used at shutdown, after the
+    /// grace period).
+    pub fn cancel_all(&self) {
+        let _ = self.inner.commands.send(Command::CancelAll);
+    }
+
     /// Submits a generation request. Errors in the request are returned here,
     /// before it takes a slot.
     pub fn generate(&self, req: GenerateRequest) -> Result<RequestHandle, EngineError> {
@@ -507,6 +514,11 @@ impl Engine {
         let (tx, rx) = unbounded_channel();
         let prepared = self.inner.preparer.prepare_generate(id, req, tx)?;
         self.submit(prepared, rx)
+    }
+
+    /// The prompt tokens of a conversation, rendered with the model's template.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
+        self.inner.preparer.chat_prompt(messages)
     }
 
     /// Submits a chat: the conversation is rendered with the model's chat
@@ -551,6 +563,7 @@ fn run_engine<B: Backend>(
         match cmd {
             Command::Submit(r) => core.enqueue(r),
             Command::Cancel(id) => core.cancel(id),
+            Command::CancelAll => core.cancel_all(),
             Command::Shutdown => return false,
         }
         true
@@ -622,6 +635,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Submit(r) => write!(f, "Submit({})", r.id),
             Command::Cancel(id) => write!(f, "Cancel({id})"),
+            Command::CancelAll => write!(f, "CancelAll"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }

@@ -1,0 +1,180 @@
+//! `sipp serve`: the HTTP server. Settings come from flags, then environment
+//! variables (SIPP_HOST, SIPP_PORT, SIPP_MODEL, SIPP_API_KEY, SIPP_CONFIG), then
+//! the TOML file, then the defaults.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use sipp_server::{ModelTarget, ServeConfig};
+
+use crate::common::CliError;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Serve one model: a GGUF path or a known name (replaces the file's models).
+    #[arg(long, short = 'm', env = "SIPP_MODEL")]
+    pub model: Option<String>,
+    /// A TOML server config ([server] and [[models]]).
+    #[arg(long, env = "SIPP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to bind (default 127.0.0.1).
+    #[arg(long, env = "SIPP_HOST")]
+    pub host: Option<String>,
+    /// Port (default 8080; 0 picks a free one).
+    #[arg(long, short = 'p', env = "SIPP_PORT")]
+    pub port: Option<u16>,
+    /// An API key clients must send as a Bearer token.
+    #[arg(long = "api-key", env = "SIPP_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Allow this CORS origin (repeatable; "*" for any).
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
+    /// Threads per model (default: the machine's available parallelism).
+    #[arg(long, short = 't')]
+    pub threads: Option<u32>,
+    /// Context size per model.
+    #[arg(long = "ctx-size", short = 'c')]
+    pub ctx_size: Option<u32>,
+    /// Slots per model.
+    #[arg(long)]
+    pub parallel: Option<u32>,
+    /// Waiting requests per model before 429.
+    #[arg(long = "max-queue")]
+    pub max_queue: Option<u32>,
+    /// Compute embeddings (for /v1/embeddings on a generation model).
+    #[arg(long)]
+    pub embeddings: bool,
+    /// Seconds in-flight requests get at shutdown.
+    #[arg(long = "shutdown-grace")]
+    pub shutdown_grace: Option<u64>,
+}
+
+/// The effective configuration.
+pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
+    let mut cfg = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| CliError::usage(format!("cannot read {}: {e}", p.display())))?;
+            ServeConfig::from_toml(&text).map_err(CliError::usage)?
+        }
+        None => ServeConfig::default(),
+    };
+    if let Some(h) = &args.host {
+        cfg.server.host = h.clone();
+    }
+    if let Some(p) = args.port {
+        cfg.server.port = p;
+    }
+    if let Some(k) = &args.api_key {
+        if !k.is_empty() {
+            cfg.server.api_keys.push(k.clone());
+        }
+    }
+    cfg.server
+        .cors_origins
+        .extend(args.cors_origins.iter().cloned());
+    if let Some(g) = args.shutdown_grace {
+        cfg.server.shutdown_grace_secs = g;
+    }
+    if let Some(m) = &args.model {
+        let runtime = cfg
+            .models
+            .first()
+            .map(|t| t.runtime.clone())
+            .unwrap_or_default();
+        let stem = std::path::Path::new(m)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .filter(|s| s != m);
+        cfg.models = vec![ModelTarget {
+            id: m.clone(),
+            model: m.clone(),
+            default: true,
+            aliases: stem.into_iter().collect(),
+            runtime,
+        }];
+    }
+    if cfg.models.is_empty() {
+        cfg.models.push(ModelTarget {
+            id: "default".into(),
+            model: "default".into(),
+            default: true,
+            aliases: vec![sipp::models::DEFAULT_MODEL
+                .file_name
+                .trim_end_matches(".gguf")
+                .to_string()],
+            runtime: Default::default(),
+        });
+    }
+    for t in &mut cfg.models {
+        if let Some(n) = args.threads {
+            t.runtime.context.n_threads = n;
+            t.runtime.context.n_threads_batch = n;
+        }
+        if let Some(c) = args.ctx_size {
+            t.runtime.context.n_ctx = c;
+        }
+        if let Some(p) = args.parallel {
+            t.runtime.context.n_parallel = p;
+            t.runtime.scheduler.max_running_requests = 0;
+        }
+        if let Some(q) = args.max_queue {
+            t.runtime.scheduler.max_queued_requests = q;
+        }
+        if args.embeddings {
+            t.runtime.context.embeddings = true;
+        }
+    }
+    cfg.validate().map_err(CliError::usage)?;
+    Ok(cfg)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<(), CliError> {
+    let cfg = effective_config(&args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::runtime(e.to_string()))?;
+    rt.block_on(async move {
+        let (listener, state) = sipp_server::bind(&cfg).await.map_err(|e| {
+            CliError::usage(format!(
+                "cannot listen on {}:{}: {e}",
+                cfg.server.host, cfg.server.port
+            ))
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CliError::runtime(e.to_string()))?;
+        let ids: Vec<&str> = cfg.models.iter().map(|m| m.id.as_str()).collect();
+        eprintln!(
+            "listening on http://{addr} (models: {}; /health is 503 until loaded)",
+            ids.join(", ")
+        );
+        sipp_server::run(listener, state, &cfg, shutdown_signal())
+            .await
+            .map_err(|e| CliError::runtime(e.to_string()))
+    })?;
+    eprintln!("stopped");
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! Starts the real `sipp serve` on a loopback port for tests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running server; killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `sipp serve --port 0 ARGS` and waits until /health is 200.
+    pub fn start(args: &[&str]) -> Server {
+        Self::start_with_env(args, &[])
+    }
+
+    /// Like [`Server::start`], with extra environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let fetch = Command::new(env!("CARGO_BIN_EXE_sipp"))
+            .args(["models", "fetch", "default"])
+            .output()
+            .expect("fetch");
+        assert!(fetch.status.success());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sipp"));
+        cmd.args(["serve", "--port", "0", "--threads", "2"])
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.env_remove("SIPP_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sipp serve starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening on ") {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(
+                            rest.split_whitespace()
+                                .next()
+                                .unwrap_or_default()
+                                .to_string(),
+                        );
+                    }
+                }
+                if let Ok(mut l) = log2.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }
+        });
+        let base = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("server printed its address");
+        let server = Server { child, base, log };
+        server.wait_healthy();
+        server
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn wait_healthy(&self) {
+        let client = reqwest::blocking::Client::new();
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = client.get(self.url("/health")).send() {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "server never became healthy: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// A metric's value from /metrics (first sample whose line starts with `prefix`).
+    pub fn metric(&self, prefix: &str) -> Option<f64> {
+        let text = reqwest::blocking::get(self.url("/metrics"))
+            .ok()?
+            .text()
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls until `f` holds or the timeout passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// A two-model config: the default chat model and MiniLM for embeddings.
+pub fn two_model_config(dir: &std::path::Path, extra_server: &str) -> std::path::PathBuf {
+    let minilm = Command::new(env!("CARGO_BIN_EXE_sipp"))
+        .args(["models", "fetch", "minilm"])
+        .output()
+        .expect("fetch");
+    assert!(
+        minilm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&minilm.stderr)
+    );
+    let path = dir.join("sipp.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[server]
+{extra_server}
+
+[[models]]
+id = "smol"
+model = "default"
+default = true
+aliases = ["SmolLM2-135M-Instruct.Q4_1"]
+[models.runtime.context]
+n_ctx = 2048
+n_parallel = 4
+
+[[models]]
+id = "minilm"
+model = "minilm"
+[models.runtime.context]
+embeddings = true
+n_parallel = 4
+"#
+        ),
+    )
+    .expect("write config");
+    path
+}

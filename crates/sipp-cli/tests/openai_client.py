@@ -1,0 +1,92 @@
+"""Drives a running `sipp serve` with the official openai package.
+
+    python openai_client.py BASE_URL API_KEY
+Exits non-zero (with a message) on the first failed expectation.
+"""
+import sys
+
+import openai
+
+base, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+
+# Models.
+ids = [m.id for m in client.models.list().data]
+assert ids == ["minilm", "smol"], ids
+
+# Completions.
+c = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0)
+assert "Paris" in c.choices[0].text, c
+assert c.usage.completion_tokens == 8 and c.usage.prompt_tokens > 0, c.usage
+assert c.choices[0].finish_reason == "length"
+
+# Completions, streamed.
+text = ""
+for chunk in client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0, stream=True):
+    if chunk.choices:
+        text += chunk.choices[0].text
+assert text == c.choices[0].text, (text, c.choices[0].text)
+
+# Chat.
+messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the capital of France?"}]
+r = client.chat.completions.create(model="smol", messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+msg = r.choices[0].message
+assert msg.role == "assistant" and msg.content, r
+lp = r.choices[0].logprobs.content
+assert len(lp) == r.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in lp)
+assert all(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in lp)
+
+# Chat, streamed, with usage.
+parts, usage, finish = [], None, None
+for chunk in client.chat.completions.create(model="smol", messages=messages, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}):
+    if chunk.usage:
+        usage = chunk.usage
+    for ch in chunk.choices:
+        if ch.delta.content:
+            parts.append(ch.delta.content)
+        if ch.finish_reason:
+            finish = ch.finish_reason
+assert "".join(parts) == msg.content, ("".join(parts), msg.content)
+assert usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage
+assert finish in ("stop", "length")
+
+# Structured output.
+schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}}, "required": ["city", "population"], "additionalProperties": False}
+r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Give a city as JSON"}], max_tokens=100, temperature=0,
+                                   response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+import json
+obj = json.loads(r.choices[0].message.content)
+assert set(obj) == {"city", "population"} and isinstance(obj["population"], int), obj
+
+# Embeddings (the client asks for base64 by default and decodes it).
+e = client.embeddings.create(model="minilm", input=["A man is eating food.", "A man is eating a piece of bread.", "A man is riding a horse."])
+vecs = [d.embedding for d in e.data]
+assert len(vecs) == 3 and len(vecs[0]) == 384
+dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+assert dot(vecs[0], vecs[1]) > dot(vecs[0], vecs[2])
+e2 = client.embeddings.create(model="minilm", input="hello", encoding_format="float")
+assert len(e2.data[0].embedding) == 384
+
+# Errors map onto the client's exception types.
+try:
+    client.chat.completions.create(model="no-such-model", messages=messages)
+    raise SystemExit("unknown model accepted")
+except openai.NotFoundError as err:
+    assert err.status_code == 404
+try:
+    client.completions.create(model="smol", prompt="word " * 5000)
+    raise SystemExit("too long prompt accepted")
+except openai.BadRequestError as err:
+    assert "context" in str(err), err
+try:
+    client.completions.create(model="smol", prompt="x", top_p=3)
+    raise SystemExit("bad top_p accepted")
+except openai.BadRequestError as err:
+    assert "top_p" in str(err), err
+bad = openai.OpenAI(base_url=base + "/v1", api_key="wrong-key", max_retries=0)
+try:
+    bad.models.list()
+    raise SystemExit("wrong key accepted")
+except openai.AuthenticationError as err:
+    assert err.status_code == 401
+print("ok")

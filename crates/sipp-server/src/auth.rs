@@ -1,0 +1,79 @@
+//! Bearer-token authentication. Keys are compared as SHA-256 digests in
+//! constant time against every configured key, so neither the comparison nor
+//! the number of keys checked reveals a prefix of a key.
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The digest keys are compared by.
+pub fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// Whether `presented` matches any of the digests; constant time in the key.
+pub fn key_matches(presented: &str, digests: &[[u8; 32]]) -> bool {
+    let d = digest(presented);
+    let mut ok = subtle::Choice::from(0u8);
+    for k in digests {
+        ok |= d.ct_eq(k);
+    }
+    ok.into()
+}
+
+/// Rejects requests without a valid `Authorization: Bearer <key>` when keys
+/// are configured. /health stays open unless configured otherwise; CORS
+/// preflights pass.
+pub async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if state.api_key_digests.is_empty() || req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    if req.uri().path() == "/health" && !state.protect_health {
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let presented = match header {
+        None => {
+            return ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`")
+                .into_response()
+        }
+        Some(h) => match h
+            .strip_prefix("Bearer ")
+            .or_else(|| h.strip_prefix("bearer "))
+        {
+            Some(k) => k.trim(),
+            None => {
+                return ApiError::unauthorized("the Authorization header must be `Bearer <key>`")
+                    .into_response()
+            }
+        },
+    };
+    if key_matches(presented, &state.api_key_digests) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized("invalid API key").into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_only_exact_keys() {
+        let keys = vec![digest("secret-one"), digest("secret-two")];
+        assert!(key_matches("secret-two", &keys));
+        assert!(!key_matches("secret-tw", &keys));
+        assert!(!key_matches("secret-twoo", &keys));
+        assert!(!key_matches("", &keys));
+    }
+}

@@ -1,0 +1,148 @@
+//! Server configuration: one TOML file with a `[server]` table and one
+//! `[[models]]` entry per served target. The `sipp serve` command applies its
+//! flags and environment variables over this (flags, then environment, then
+//! file, then these defaults).
+
+use serde::{Deserialize, Serialize};
+use sipp::NativeRuntimeConfig;
+
+/// The whole server configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Listener, auth and limits.
+    pub server: ServerSection,
+    /// Served models. Empty means the default model.
+    pub models: Vec<ModelTarget>,
+}
+
+/// Listener, auth and limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to bind. Default 127.0.0.1.
+    pub host: String,
+    /// Port. Default 8080.
+    pub port: u16,
+    /// API keys; empty means no authentication. `SIPP_API_KEY` adds one.
+    pub api_keys: Vec<String>,
+    /// Whether /health needs a key too. Default false.
+    pub protect_health: bool,
+    /// Origins allowed by CORS; empty disables CORS. `"*"` allows any.
+    pub cors_origins: Vec<String>,
+    /// Largest request body in bytes (larger: 413). Default 8 MiB.
+    pub max_body_bytes: usize,
+    /// Seconds in-flight requests get to finish at shutdown before they are
+    /// cancelled. Default 10.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_keys: Vec::new(),
+            protect_health: false,
+            cors_origins: Vec::new(),
+            max_body_bytes: 8 * 1024 * 1024,
+            shutdown_grace_secs: 10,
+        }
+    }
+}
+
+/// One served model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTarget {
+    /// The id requests name in `model`.
+    pub id: String,
+    /// A GGUF path or a known model name (`default`, `minilm`).
+    pub model: String,
+    /// Answers requests that name no model. Default: the first target.
+    #[serde(default)]
+    pub default: bool,
+    /// Other ids that route here.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// This target's runtime configuration.
+    #[serde(default)]
+    pub runtime: NativeRuntimeConfig,
+}
+
+impl ServeConfig {
+    /// Parses a TOML document.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| format!("invalid server config: {e}"))
+    }
+
+    /// Checks ids and runtime configs.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for m in &self.models {
+            if m.id.trim().is_empty() {
+                return Err("a model target has an empty `id`".into());
+            }
+            for id in std::iter::once(&m.id).chain(&m.aliases) {
+                if !seen.insert(id.clone()) {
+                    return Err(format!("model id `{id}` is used twice"));
+                }
+            }
+            m.runtime
+                .validate()
+                .map_err(|e| format!("model `{}`: {e}", m.id))?;
+        }
+        if self.models.iter().filter(|m| m.default).count() > 1 {
+            return Err("more than one model target has `default = true`".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_targets_with_runtime_sections() {
+        let c = ServeConfig::from_toml(
+            r#"
+[server]
+port = 9000
+api_keys = ["k1"]
+
+[[models]]
+id = "chat"
+model = "default"
+default = true
+[models.runtime.context]
+n_ctx = 2048
+
+[[models]]
+id = "embed"
+model = "minilm"
+[models.runtime.context]
+embeddings = true
+"#,
+        )
+        .expect("parses");
+        assert_eq!(c.server.port, 9000);
+        assert_eq!(c.server.host, "127.0.0.1");
+        assert_eq!(c.models.len(), 2);
+        assert_eq!(c.models[0].runtime.context.n_ctx, 2048);
+        assert!(c.models[1].runtime.context.embeddings);
+        c.validate().expect("valid");
+    }
+
+    #[test]
+    fn duplicate_ids_and_unknown_keys_are_rejected() {
+        let c = ServeConfig::from_toml(
+            "[[models]]\nid='a'\nmodel='x'\n[[models]]\nid='a'\nmodel='y'\n",
+        )
+        .expect("parses");
+        assert!(c.validate().unwrap_err().contains("twice"));
+        assert!(ServeConfig::from_toml("[server]\nprot = 1\n")
+            .unwrap_err()
+            .contains("prot"));
+    }
+}

@@ -1,0 +1,244 @@
+//! Prometheus metrics: HTTP requests by route and status, request duration and
+//! time to first token histograms, and the engines' own figures (queue depth,
+//! busy slots, KV cells, tokens, prefix-cache hits) read at scrape time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::state::{Target, TargetState};
+
+type Labels = Vec<(String, String)>;
+
+/// The HTTP-side metrics and the registry they render from.
+pub struct ServerMetrics {
+    registry: Mutex<Option<Registry>>,
+    requests: Family<Labels, Counter>,
+    duration: Family<Labels, Histogram>,
+    ttft: Family<Labels, Histogram>,
+}
+
+impl std::fmt::Debug for ServerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        let requests = Family::<Labels, Counter>::default();
+        let duration = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        let ttft = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.01, 2.0, 12))
+        });
+        let mut registry = Registry::default();
+        registry.register(
+            "sipp_http_requests",
+            "HTTP requests by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "sipp_http_request_duration_seconds",
+            "Time to the response headers (streams: to the first byte), by route",
+            duration.clone(),
+        );
+        registry.register(
+            "sipp_time_to_first_token_seconds",
+            "Time from submission to the first generated token",
+            ttft.clone(),
+        );
+        Self {
+            registry: Mutex::new(Some(registry)),
+            requests,
+            duration,
+            ttft,
+        }
+    }
+}
+
+impl ServerMetrics {
+    /// Adds the engine collector (once, when the state exists).
+    pub fn attach_engines(&self, targets: Arc<RwLock<BTreeMap<String, TargetState>>>) {
+        if let Ok(mut r) = self.registry.lock() {
+            if let Some(reg) = r.as_mut() {
+                reg.register_collector(Box::new(EngineCollector { targets }));
+            }
+        }
+    }
+
+    /// Counts a finished HTTP exchange.
+    pub fn record_request(&self, route: &str, status: u16, seconds: f64) {
+        let labels = vec![
+            ("route".to_string(), route.to_string()),
+            ("status".to_string(), status.to_string()),
+        ];
+        self.requests.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&vec![("route".to_string(), route.to_string())])
+            .observe(seconds);
+    }
+
+    /// Records a time to first token.
+    pub fn record_ttft(&self, model: &str, seconds: f64) {
+        self.ttft
+            .get_or_create(&vec![("model".to_string(), model.to_string())])
+            .observe(seconds);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Ok(r) = self.registry.lock() {
+            if let Some(reg) = r.as_ref() {
+                let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, reg);
+            }
+        }
+        out
+    }
+}
+
+/// Reads every ready engine's metrics at scrape time.
+#[derive(Debug)]
+struct EngineCollector {
+    targets: Arc<RwLock<BTreeMap<String, TargetState>>>,
+}
+
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, M)],
+    metric_type: prometheus_client::metrics::MetricType,
+) -> Result<(), std::fmt::Error> {
+    let mut m = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, v) in rows {
+        let fam = m.encode_family(labels)?;
+        v.encode(fam)?;
+    }
+    Ok(())
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType::{Counter as C, Gauge as G};
+        let snapshots: Vec<(String, sipp::engine::MetricsSnapshot, bool)> = self
+            .targets
+            .read()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|(id, s)| match s {
+                        TargetState::Ready(Target::Local(e)) => {
+                            Some((id.clone(), e.metrics(), e.is_alive()))
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let model = |id: &str| vec![("model".to_string(), id.to_string())];
+        let gauges: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 5] = [
+            ("sipp_queue_depth", "Requests waiting for a slot", |m| {
+                m.queue_depth
+            }),
+            ("sipp_busy_slots", "Slots holding a request", |m| {
+                m.busy_slots
+            }),
+            ("sipp_kv_cells_used", "KV cache cells in use", |m| {
+                m.kv_cells_used
+            }),
+            ("sipp_leased_sequences", "KV sequence leases held", |m| {
+                m.leased_sequences
+            }),
+            (
+                "sipp_snapshot_bytes",
+                "Bytes of KV prefix snapshots in memory",
+                |m| m.snapshot_bytes,
+            ),
+        ];
+        for (name, help, f) in gauges {
+            let rows: Vec<(Labels, ConstGauge<i64>)> = snapshots
+                .iter()
+                .map(|(id, m, _)| (model(id), ConstGauge::new(f(m) as i64)))
+                .collect();
+            family(&mut encoder, name, help, &rows, G)?;
+        }
+        let up: Vec<(Labels, ConstGauge<i64>)> = snapshots
+            .iter()
+            .map(|(id, _, alive)| (model(id), ConstGauge::new(i64::from(*alive))))
+            .collect();
+        family(
+            &mut encoder,
+            "sipp_engine_up",
+            "1 while the engine thread runs",
+            &up,
+            G,
+        )?;
+        let counters: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 8] = [
+            ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
+                m.prompt_tokens
+            }),
+            ("sipp_generated_tokens", "Tokens generated", |m| {
+                m.generated_tokens
+            }),
+            (
+                "sipp_prefix_cache_hit_tokens",
+                "Prompt tokens reused from the KV cache",
+                |m| m.prefix_reused_tokens,
+            ),
+            (
+                "sipp_prefix_cache_hits",
+                "Admissions that reused a cached prefix",
+                |m| m.prefix_hits,
+            ),
+            ("sipp_snapshot_saves", "KV prefix snapshots saved", |m| {
+                m.snapshot_saves
+            }),
+            (
+                "sipp_snapshot_restores",
+                "KV prefix snapshots restored",
+                |m| m.snapshot_restores,
+            ),
+            ("sipp_engine_steps", "Engine steps that ran a batch", |m| {
+                m.steps
+            }),
+            ("sipp_preemptions", "Slots preempted for KV space", |m| {
+                m.preemptions
+            }),
+        ];
+        for (name, help, f) in counters {
+            let rows: Vec<(Labels, ConstCounter<u64>)> = snapshots
+                .iter()
+                .map(|(id, m, _)| (model(id), ConstCounter::new(f(m))))
+                .collect();
+            family(&mut encoder, name, help, &rows, C)?;
+        }
+        let mut outcomes: Vec<(Labels, ConstCounter<u64>)> = Vec::new();
+        for (id, m, _) in &snapshots {
+            for (outcome, v) in [
+                ("completed", m.requests_completed),
+                ("failed", m.requests_failed),
+                ("cancelled", m.requests_cancelled),
+            ] {
+                let mut l = model(id);
+                l.push(("outcome".into(), outcome.into()));
+                outcomes.push((l, ConstCounter::new(v)));
+            }
+        }
+        family(
+            &mut encoder,
+            "sipp_requests_finished",
+            "Requests finished by the engine, by outcome",
+            &outcomes,
+            C,
+        )
+    }
+}

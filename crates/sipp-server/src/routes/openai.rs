@@ -1,0 +1,564 @@
+//! OpenAI's API: /v1/completions, /v1/chat/completions, /v1/embeddings.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use sipp::engine::{
+    Completion, EmbedRequest, GenerateRequest, PromptInput, RequestHandle, TokenLogprobs,
+};
+use sipp::protocol::openai::*;
+use sipp::protocol::request_from_openai;
+use sipp::Engine;
+
+use super::{json_event, new_id, now_secs, sse, ApiJson, StreamItem};
+use crate::error::ApiError;
+use crate::state::{AppState, Target};
+
+/// Most choices one request may ask for.
+const MAX_CHOICES: i64 = 16;
+
+fn local(target: Target) -> Engine {
+    match target {
+        Target::Local(e) => e,
+    }
+}
+
+fn tokens_from_i64(v: &[i64], field: &str) -> Result<Vec<i32>, ApiError> {
+    v.iter()
+        .map(|&t| {
+            i32::try_from(t)
+                .map_err(|_| ApiError::bad_field(field, format!("token id {t} is out of range")))
+        })
+        .collect()
+}
+
+fn choices_n(n: Option<i64>) -> Result<usize, ApiError> {
+    match n.unwrap_or(1) {
+        n if (1..=MAX_CHOICES).contains(&n) => Ok(n as usize),
+        n => Err(ApiError::bad_field(
+            "n",
+            format!("must be between 1 and {MAX_CHOICES}, got {n}"),
+        )),
+    }
+}
+
+fn usage_body(completions: &[(usize, &Completion)], n: usize) -> UsageBody {
+    let mut u = UsageBody::default();
+    let mut cached = 0;
+    for (i, c) in completions {
+        // The prompt counts once per prompt, not once per choice.
+        if i % n == 0 {
+            u.prompt_tokens += c.usage.prompt_tokens;
+            cached += c.usage.cached_tokens;
+        }
+        u.completion_tokens += c.usage.completion_tokens;
+    }
+    u.total_tokens = u.prompt_tokens + u.completion_tokens;
+    u.prompt_tokens_details = Some(PromptTokensDetails {
+        cached_tokens: cached,
+    });
+    u
+}
+
+/// Submits `n` copies of each request (distinct seeds when one is given).
+fn submit_all(
+    engine: &Engine,
+    reqs: Vec<GenerateRequest>,
+    n: usize,
+) -> Result<Vec<RequestHandle>, ApiError> {
+    let mut handles = Vec::with_capacity(reqs.len() * n);
+    for r in reqs {
+        for j in 0..n {
+            let mut r = r.clone();
+            if let Some(s) = r.sampling.as_mut().and_then(|s| s.seed.as_mut()) {
+                *s = s.wrapping_add(j as u32);
+            }
+            handles.push(engine.generate(r)?);
+        }
+    }
+    Ok(handles)
+}
+
+async fn collect(handles: Vec<RequestHandle>) -> Result<Vec<Completion>, ApiError> {
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.completion().await?);
+    }
+    Ok(out)
+}
+
+fn completion_logprobs(
+    lps: &[TokenLogprobs],
+    start_offset: usize,
+    vocab: &dyn sipp::runtime::Vocab,
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    let mut offset = start_offset;
+    for lp in lps {
+        out.tokens.push(lp.text.clone());
+        out.token_logprobs.push(lp.logprobs.chosen.logprob);
+        out.top_logprobs.push(
+            lp.logprobs
+                .top
+                .iter()
+                .map(|t| {
+                    (
+                        String::from_utf8_lossy(&vocab.token_bytes(t.token)).into_owned(),
+                        t.logprob,
+                    )
+                })
+                .collect(),
+        );
+        out.text_offset.push(offset);
+        offset += lp.text.len();
+    }
+    out
+}
+
+fn chat_logprobs(lps: &[TokenLogprobs], vocab: &dyn sipp::runtime::Vocab) -> ChatLogprobs {
+    ChatLogprobs {
+        content: lps
+            .iter()
+            .map(|lp| ChatTokenLogprob {
+                token: lp.text.clone(),
+                logprob: lp.logprobs.chosen.logprob,
+                bytes: Some(vocab.token_bytes(lp.token)),
+                top_logprobs: lp
+                    .logprobs
+                    .top
+                    .iter()
+                    .map(|t| {
+                        let bytes = vocab.token_bytes(t.token);
+                        TopLogprob {
+                            token: String::from_utf8_lossy(&bytes).into_owned(),
+                            logprob: t.logprob,
+                            bytes: Some(bytes),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+fn record_ttft(state: &AppState, model: &str, c: &Completion) {
+    if c.stats.generated_tokens > 0 {
+        state.metrics.record_ttft(model, c.stats.ttft_ms / 1000.0);
+    }
+}
+
+/// POST /v1/completions.
+pub async fn completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let (model, target) = state.target(req.model.as_deref())?;
+    let engine = local(target);
+    let prompts: Vec<PromptInput> = match req.prompt.clone() {
+        None => return Err(ApiError::bad_field("prompt", "is required")),
+        Some(PromptField::Text(s)) => vec![PromptInput::Text(s)],
+        Some(PromptField::Texts(v)) if v.is_empty() => {
+            return Err(ApiError::bad_field("prompt", "must not be an empty list"))
+        }
+        Some(PromptField::Texts(v)) => v.into_iter().map(PromptInput::Text).collect(),
+        Some(PromptField::Tokens(v)) => vec![PromptInput::Tokens(tokens_from_i64(&v, "prompt")?)],
+        Some(PromptField::TokenLists(v)) if v.is_empty() => {
+            return Err(ApiError::bad_field("prompt", "must not be an empty list"))
+        }
+        Some(PromptField::TokenLists(v)) => v
+            .iter()
+            .map(|t| tokens_from_i64(t, "prompt").map(PromptInput::Tokens))
+            .collect::<Result<_, _>>()?,
+    };
+    let n = choices_n(req.n)?;
+    let logprobs = match req.logprobs {
+        None => None,
+        Some(k) if (0..=5).contains(&k) => Some(k as u32),
+        Some(k) => {
+            return Err(ApiError::bad_field(
+                "logprobs",
+                format!("must be between 0 and 5, got {k}"),
+            ))
+        }
+    };
+    // llama-server's n_predict = -1 means "no limit".
+    let max_tokens = req.max_tokens.or(req.n_predict.filter(|&n| n >= 0));
+    let base = request_from_openai(
+        &req.sampling,
+        max_tokens,
+        logprobs,
+        None,
+        &engine.info().sampling,
+        PromptInput::Text(String::new()),
+    )?;
+    let echo = req.echo.unwrap_or(false);
+    let echoes: Vec<String> = prompts
+        .iter()
+        .map(|p| match p {
+            PromptInput::Text(t) if echo => t.clone(),
+            PromptInput::Tokens(t) if echo => engine.vocab().detokenize(t),
+            _ => String::new(),
+        })
+        .collect();
+    let reqs = prompts
+        .into_iter()
+        .map(|p| GenerateRequest {
+            prompt: p,
+            ..base.clone()
+        })
+        .collect();
+    let handles = submit_all(&engine, reqs, n)?;
+    let id = new_id("cmpl");
+    let created = now_secs();
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let done: Arc<Mutex<Vec<(usize, Completion)>>> = Arc::new(Mutex::new(Vec::new()));
+        let (id2, model2, model_tail, done2) =
+            (id.clone(), model.clone(), model.clone(), done.clone());
+        let chunk = move |index: usize,
+                          text: String,
+                          logprobs: Option<CompletionLogprobs>,
+                          finish: Option<String>| CompletionResponse {
+            id: id.clone(),
+            object: "text_completion".into(),
+            created,
+            model: model.clone(),
+            choices: vec![CompletionChoice {
+                index,
+                text,
+                logprobs,
+                finish_reason: finish,
+            }],
+            usage: None,
+        };
+        let vocab = engine.vocab().clone();
+        let st = state.clone();
+        let mut echoed = vec![false; echoes.len() * n];
+        let render = move |item: StreamItem| -> Vec<Event> {
+            match item {
+                StreamItem::Delta(i, d) => {
+                    let mut text = String::new();
+                    if !echoed[i] {
+                        echoed[i] = true;
+                        text.push_str(&echoes[i / n]);
+                    }
+                    text.push_str(&d.text);
+                    let lp = (!d.logprobs.is_empty())
+                        .then(|| completion_logprobs(&d.logprobs, 0, vocab.as_ref()));
+                    if text.is_empty() && lp.is_none() {
+                        return Vec::new();
+                    }
+                    vec![json_event(&chunk(i, text, lp, None))]
+                }
+                StreamItem::Finished(i, c) => {
+                    record_ttft(&st, &model2, &c);
+                    let reason = c.finish_reason.openai_name().to_string();
+                    if let Ok(mut d) = done2.lock() {
+                        d.push((i, c));
+                    }
+                    vec![json_event(&chunk(i, String::new(), None, Some(reason)))]
+                }
+                StreamItem::Failed(_, e) => vec![json_event(&e.body())],
+            }
+        };
+        let tail = move || {
+            let mut out = Vec::new();
+            if include_usage {
+                let d = done.lock().map(|d| d.clone()).unwrap_or_default();
+                let refs: Vec<(usize, &Completion)> = d.iter().map(|(i, c)| (*i, c)).collect();
+                out.push(json_event(&CompletionResponse {
+                    id: id2,
+                    object: "text_completion".into(),
+                    created,
+                    model: model_tail,
+                    choices: Vec::new(),
+                    usage: Some(usage_body(&refs, n)),
+                }));
+            }
+            out.push(Event::default().data("[DONE]"));
+            out
+        };
+        return Ok(sse(handles, render, tail).into_response());
+    }
+    let completions = collect(handles).await?;
+    let vocab = engine.vocab();
+    let choices = completions
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            record_ttft(&state, &model, c);
+            let prefix = &echoes[i / n];
+            CompletionChoice {
+                index: i,
+                text: format!("{prefix}{}", c.text),
+                logprobs: logprobs
+                    .map(|_| completion_logprobs(&c.logprobs, prefix.len(), vocab.as_ref())),
+                finish_reason: Some(c.finish_reason.openai_name().to_string()),
+            }
+        })
+        .collect();
+    let refs: Vec<(usize, &Completion)> = completions.iter().enumerate().collect();
+    Ok(Json(CompletionResponse {
+        id,
+        object: "text_completion".into(),
+        created,
+        model,
+        choices,
+        usage: Some(usage_body(&refs, n)),
+    })
+    .into_response())
+}
+
+/// POST /v1/chat/completions.
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let (model, target) = state.target(req.model.as_deref())?;
+    let engine = local(target);
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_field(
+            "messages",
+            "must contain at least one message",
+        ));
+    }
+    if req
+        .tools
+        .as_ref()
+        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(ApiError::bad_field(
+            "tools",
+            "tool calling is not supported by this server",
+        ));
+    }
+    let n = choices_n(req.n)?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (false, Some(_)) => {
+            return Err(ApiError::bad_field(
+                "top_logprobs",
+                "requires `logprobs: true`",
+            ))
+        }
+        (false, None) => None,
+        (true, None) => Some(0),
+        (true, Some(k)) if (0..=20).contains(&k) => Some(k as u32),
+        (true, Some(k)) => {
+            return Err(ApiError::bad_field(
+                "top_logprobs",
+                format!("must be between 0 and 20, got {k}"),
+            ))
+        }
+    };
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let prompt = engine.chat_prompt(&req.messages)?;
+    let base = request_from_openai(
+        &req.sampling,
+        max_tokens,
+        logprobs,
+        req.response_format.as_ref(),
+        &engine.info().sampling,
+        prompt,
+    )?;
+    let handles = submit_all(&engine, vec![base], n)?;
+    let id = new_id("chatcmpl");
+    let created = now_secs();
+    let vocab = engine.vocab().clone();
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let done: Arc<Mutex<Vec<(usize, Completion)>>> = Arc::new(Mutex::new(Vec::new()));
+        let done2 = done.clone();
+        let (id2, model2) = (id.clone(), model.clone());
+        let chunk = move |index: usize,
+                          delta: ResponseMessage,
+                          logprobs: Option<ChatLogprobs>,
+                          finish: Option<String>| {
+            ChatCompletionResponse {
+                id: id.clone(),
+                object: "chat.completion.chunk".into(),
+                created,
+                model: model.clone(),
+                choices: vec![ChatChoice {
+                    index,
+                    message: None,
+                    delta: Some(delta),
+                    logprobs,
+                    finish_reason: finish,
+                }],
+                usage: None,
+            }
+        };
+        let st = state.clone();
+        let mut started = vec![false; n];
+        let model3 = model2.clone();
+        let render = move |item: StreamItem| -> Vec<Event> {
+            let mut out = Vec::new();
+            let (i, first) = match &item {
+                StreamItem::Delta(i, _) | StreamItem::Finished(i, _) | StreamItem::Failed(i, _) => {
+                    (*i, !started[*i])
+                }
+            };
+            if first {
+                started[i] = true;
+                let role = ResponseMessage {
+                    role: Some("assistant".into()),
+                    content: Some(String::new()),
+                };
+                out.push(json_event(&chunk(i, role, None, None)));
+            }
+            match item {
+                StreamItem::Delta(i, d) => {
+                    let lp = (!d.logprobs.is_empty())
+                        .then(|| chat_logprobs(&d.logprobs, vocab.as_ref()));
+                    if !d.text.is_empty() || lp.is_some() {
+                        let delta = ResponseMessage {
+                            role: None,
+                            content: Some(d.text),
+                        };
+                        out.push(json_event(&chunk(i, delta, lp, None)));
+                    }
+                }
+                StreamItem::Finished(i, c) => {
+                    record_ttft(&st, &model3, &c);
+                    let reason = c.finish_reason.openai_name().to_string();
+                    if let Ok(mut d) = done2.lock() {
+                        d.push((i, c));
+                    }
+                    out.push(json_event(&chunk(
+                        i,
+                        ResponseMessage::default(),
+                        None,
+                        Some(reason),
+                    )));
+                }
+                StreamItem::Failed(_, e) => out.push(json_event(&e.body())),
+            }
+            out
+        };
+        let tail = move || {
+            let mut out = Vec::new();
+            if include_usage {
+                let d = done.lock().map(|d| d.clone()).unwrap_or_default();
+                let refs: Vec<(usize, &Completion)> = d.iter().map(|(i, c)| (*i, c)).collect();
+                out.push(json_event(&ChatCompletionResponse {
+                    id: id2,
+                    object: "chat.completion.chunk".into(),
+                    created,
+                    model: model2,
+                    choices: Vec::new(),
+                    usage: Some(usage_body(&refs, n)),
+                }));
+            }
+            out.push(Event::default().data("[DONE]"));
+            out
+        };
+        return Ok(sse(handles, render, tail).into_response());
+    }
+    let completions = collect(handles).await?;
+    let choices = completions
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            record_ttft(&state, &model, c);
+            ChatChoice {
+                index: i,
+                message: Some(ResponseMessage {
+                    role: Some("assistant".into()),
+                    content: Some(c.text.clone()),
+                }),
+                delta: None,
+                logprobs: logprobs.map(|_| chat_logprobs(&c.logprobs, vocab.as_ref())),
+                finish_reason: Some(c.finish_reason.openai_name().to_string()),
+            }
+        })
+        .collect();
+    let refs: Vec<(usize, &Completion)> = completions.iter().enumerate().collect();
+    Ok(Json(ChatCompletionResponse {
+        id,
+        object: "chat.completion".into(),
+        created,
+        model,
+        choices,
+        usage: Some(usage_body(&refs, n)),
+    })
+    .into_response())
+}
+
+/// POST /v1/embeddings.
+pub async fn embeddings(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<EmbeddingRequest>,
+) -> Result<Response, ApiError> {
+    let (model, target) = state.target(req.model.as_deref())?;
+    let engine = local(target);
+    if req.dimensions.is_some() {
+        return Err(ApiError::bad_field(
+            "dimensions",
+            "truncated dimensions are not supported",
+        ));
+    }
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad_field(
+                "encoding_format",
+                format!("must be \"float\" or \"base64\", got {other:?}"),
+            ))
+        }
+    };
+    let inputs: Vec<PromptInput> = match req.input {
+        EmbeddingInput::Text(s) => vec![PromptInput::Text(s)],
+        EmbeddingInput::Texts(v) => v.into_iter().map(PromptInput::Text).collect(),
+        EmbeddingInput::Tokens(v) => vec![PromptInput::Tokens(tokens_from_i64(&v, "input")?)],
+        EmbeddingInput::TokenLists(v) => v
+            .iter()
+            .map(|t| tokens_from_i64(t, "input").map(PromptInput::Tokens))
+            .collect::<Result<_, _>>()?,
+    };
+    if inputs.is_empty() {
+        return Err(ApiError::bad_field("input", "must not be empty"));
+    }
+    let handles = inputs
+        .into_iter()
+        .map(|i| {
+            engine.embed(EmbedRequest {
+                input: i,
+                normalize: true,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut data = Vec::with_capacity(handles.len());
+    let mut prompt_tokens = 0;
+    for (index, h) in handles.into_iter().enumerate() {
+        let e = h.embedding().await?;
+        prompt_tokens += e.prompt_tokens;
+        let embedding = if base64 {
+            let bytes: Vec<u8> = e.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            EmbeddingVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            EmbeddingVector::Float(e.values)
+        };
+        data.push(EmbeddingData {
+            object: "embedding".into(),
+            index,
+            embedding,
+        });
+    }
+    Ok(Json(EmbeddingResponse {
+        object: "list".into(),
+        data,
+        model,
+        usage: UsageBody {
+            prompt_tokens,
+            completion_tokens: 0,
+            total_tokens: prompt_tokens,
+            prompt_tokens_details: None,
+        },
+    })
+    .into_response())
+}

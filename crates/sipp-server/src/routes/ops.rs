@@ -1,0 +1,157 @@
+//! Operations: /health, /metrics, /v1/models, /tokenize, /detokenize, and the
+//! answers for unknown routes and methods.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use sipp::protocol::openai::{ModelCard, ModelList};
+
+use super::ApiJson;
+use crate::error::ApiError;
+use crate::state::{AppState, Health, Target, TargetState};
+
+/// GET /health: 200 once every model is loaded, 503 while loading or after a
+/// failure (including an engine thread that stopped).
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.health() {
+        Health::Ok => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response(),
+        Health::Loading => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "loading"})),
+        )
+            .into_response(),
+        Health::Failed(m) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "error", "message": m})),
+        )
+            .into_response(),
+    }
+}
+
+/// GET /metrics in Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// GET /v1/models.
+pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    let data = state
+        .target_list()
+        .into_iter()
+        .filter(|(_, s)| matches!(s, TargetState::Ready(_)))
+        .map(|(id, _)| ModelCard {
+            id,
+            object: "model".into(),
+            created: state.created,
+            owned_by: "sipp".into(),
+        })
+        .collect();
+    Json(ModelList {
+        object: "list".into(),
+        data,
+    })
+}
+
+/// POST /tokenize body.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeBody {
+    model: Option<String>,
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+    #[serde(default = "yes")]
+    parse_special: bool,
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize)]
+struct Piece {
+    id: i32,
+    piece: String,
+}
+
+/// POST /tokenize.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<TokenizeBody>,
+) -> Result<Response, ApiError> {
+    let (_, Target::Local(engine)) = state.target(req.model.as_deref())?;
+    let v = engine.vocab();
+    let tokens = v
+        .tokenize(&req.content, req.add_special, req.parse_special)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if req.with_pieces {
+        let pieces: Vec<Piece> = tokens
+            .iter()
+            .map(|&id| Piece {
+                id,
+                piece: String::from_utf8_lossy(&v.token_bytes(id)).into_owned(),
+            })
+            .collect();
+        return Ok(Json(serde_json::json!({ "tokens": pieces })).into_response());
+    }
+    Ok(Json(serde_json::json!({ "tokens": tokens })).into_response())
+}
+
+/// POST /detokenize body.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeBody {
+    model: Option<String>,
+    tokens: Vec<i64>,
+}
+
+/// POST /detokenize.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<DetokenizeBody>,
+) -> Result<Response, ApiError> {
+    let (_, Target::Local(engine)) = state.target(req.model.as_deref())?;
+    let n_vocab = engine.info().model.n_vocab as i64;
+    let mut tokens = Vec::with_capacity(req.tokens.len());
+    for t in req.tokens {
+        if !(0..n_vocab).contains(&t) {
+            return Err(ApiError::bad_field(
+                "tokens",
+                format!("token id {t} is outside the vocabulary (0..{n_vocab})"),
+            ));
+        }
+        tokens.push(t as i32);
+    }
+    Ok(Json(serde_json::json!({ "content": engine.vocab().detokenize(&tokens) })).into_response())
+}
+
+/// Unknown route.
+pub async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "no such route".into(),
+        kind: "invalid_request_error",
+        code: Some("not_found"),
+        param: None,
+    }
+}
+
+/// Known route, wrong method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: "method not allowed on this route".into(),
+        kind: "invalid_request_error",
+        code: Some("method_not_allowed"),
+        param: None,
+    }
+}

@@ -1,0 +1,197 @@
+//! Shared server state: the served targets (loading, ready or failed), routing
+//! by model id, auth keys and metrics.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use sipp::Engine;
+
+use crate::config::{ModelTarget, ServeConfig};
+use crate::error::ApiError;
+use crate::metrics::ServerMetrics;
+
+/// What answers requests for one model id.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// An engine in this process.
+    Local(Engine),
+}
+
+/// A target's state.
+#[derive(Clone, Debug)]
+pub enum TargetState {
+    /// Still loading.
+    Loading,
+    /// Serving.
+    Ready(Target),
+    /// Failed to load.
+    Failed(String),
+}
+
+/// Shared by every request.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) targets: Arc<RwLock<BTreeMap<String, TargetState>>>,
+    pub(crate) aliases: Arc<HashMap<String, String>>,
+    pub(crate) default_model: Arc<String>,
+    pub(crate) api_key_digests: Arc<Vec<[u8; 32]>>,
+    pub(crate) protect_health: bool,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) metrics: Arc<ServerMetrics>,
+    pub(crate) created: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("default_model", &self.default_model)
+            .finish()
+    }
+}
+
+/// Health of all targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Every target serves.
+    Ok,
+    /// Some target is loading.
+    Loading,
+    /// Some target failed or its engine stopped.
+    Failed(String),
+}
+
+impl AppState {
+    /// State for a configuration; every target starts as loading.
+    pub fn new(config: &ServeConfig) -> Self {
+        let mut targets = BTreeMap::new();
+        let mut aliases = HashMap::new();
+        for m in &config.models {
+            targets.insert(m.id.clone(), TargetState::Loading);
+            for a in &m.aliases {
+                aliases.insert(a.clone(), m.id.clone());
+            }
+        }
+        let default_model = config
+            .models
+            .iter()
+            .find(|m| m.default)
+            .or_else(|| config.models.first())
+            .map(|m| m.id.clone())
+            .unwrap_or_default();
+        let api_key_digests = config
+            .server
+            .api_keys
+            .iter()
+            .map(|k| crate::auth::digest(k))
+            .collect();
+        Self {
+            targets: Arc::new(RwLock::new(targets)),
+            aliases: Arc::new(aliases),
+            default_model: Arc::new(default_model),
+            api_key_digests: Arc::new(api_key_digests),
+            protect_health: config.server.protect_health,
+            max_body_bytes: config.server.max_body_bytes,
+            metrics: Arc::new(ServerMetrics::default()),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
+    }
+
+    /// Sets a target's state.
+    pub fn set_target(&self, id: &str, state: TargetState) {
+        if let Ok(mut t) = self.targets.write() {
+            t.insert(id.to_string(), state);
+        }
+    }
+
+    /// The ready target for a request's `model` (the default when absent).
+    pub fn target(&self, model: Option<&str>) -> Result<(String, Target), ApiError> {
+        let requested = model
+            .filter(|m| !m.is_empty())
+            .unwrap_or(self.default_model.as_str());
+        let id = self
+            .aliases
+            .get(requested)
+            .map_or(requested, String::as_str);
+        let targets = self
+            .targets
+            .read()
+            .map_err(|_| ApiError::unavailable("server state is poisoned"))?;
+        match targets.get(id) {
+            None => Err(ApiError::unknown_model(requested)),
+            Some(TargetState::Loading) => Err(ApiError::loading(id)),
+            Some(TargetState::Failed(e)) => Err(ApiError::unavailable(format!(
+                "the model `{id}` failed to load: {e}"
+            ))),
+            Some(TargetState::Ready(t)) => Ok((id.to_string(), t.clone())),
+        }
+    }
+
+    /// Model ids and their state.
+    pub fn target_list(&self) -> Vec<(String, TargetState)> {
+        self.targets
+            .read()
+            .map(|t| t.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// Engines that are ready, by id.
+    pub fn engines(&self) -> Vec<(String, Engine)> {
+        self.target_list()
+            .into_iter()
+            .filter_map(|(id, s)| match s {
+                TargetState::Ready(Target::Local(e)) => Some((id, e)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Overall health.
+    pub fn health(&self) -> Health {
+        let list = self.target_list();
+        if list.is_empty() {
+            return Health::Failed("no model is configured".into());
+        }
+        let mut loading = false;
+        for (id, s) in list {
+            match s {
+                TargetState::Loading => loading = true,
+                TargetState::Failed(e) => return Health::Failed(format!("{id}: {e}")),
+                TargetState::Ready(Target::Local(e)) if !e.is_alive() => {
+                    return Health::Failed(format!("{id}: the engine has stopped"))
+                }
+                TargetState::Ready(_) => {}
+            }
+        }
+        if loading {
+            Health::Loading
+        } else {
+            Health::Ok
+        }
+    }
+
+    /// Loads every target on blocking threads, one after another.
+    pub fn spawn_loading(&self, models: Vec<ModelTarget>) -> tokio::task::JoinHandle<()> {
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            for m in models {
+                let result = sipp::models::resolve_or_fetch(&m.model)
+                    .map_err(|e| e.to_string())
+                    .and_then(|path| {
+                        Engine::load(&path, m.runtime.clone()).map_err(|e| e.to_string())
+                    });
+                match result {
+                    Ok(engine) => {
+                        tracing::info!(model = %m.id, "model loaded");
+                        state.set_target(&m.id, TargetState::Ready(Target::Local(engine)));
+                    }
+                    Err(e) => {
+                        tracing::error!(model = %m.id, "model failed to load: {e}");
+                        state.set_target(&m.id, TargetState::Failed(e));
+                    }
+                }
+            }
+        })
+    }
+}

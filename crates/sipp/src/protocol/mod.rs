@@ -1,0 +1,236 @@
+//! Wire types shared by the server and the client: OpenAI's API (with
+//! llama-server's extensions) and sipp's first-party profile, and how their
+//! fields become a [`GenerateRequest`].
+
+pub mod native;
+pub mod openai;
+
+use crate::engine::{EngineError, GenerateRequest, PromptInput};
+use crate::sampling::{BiasTarget, LogitBias, OutputConstraint, SamplingParams};
+
+fn invalid(field: &'static str, message: impl Into<String>) -> EngineError {
+    EngineError::InvalidRequest {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Picks at most one output constraint from the ways a request can ask.
+fn one_constraint(
+    grammar: Option<&String>,
+    json_schema: Option<&serde_json::Value>,
+    json_mode: bool,
+) -> Result<Option<OutputConstraint>, EngineError> {
+    let mut found = Vec::new();
+    if let Some(g) = grammar {
+        found.push(OutputConstraint::Grammar(g.clone()));
+    }
+    if let Some(s) = json_schema {
+        found.push(OutputConstraint::JsonSchema(s.clone()));
+    }
+    if json_mode {
+        found.push(OutputConstraint::JsonObject);
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(invalid(
+            "grammar",
+            "give at most one of `grammar`, `json_schema` and a JSON `response_format`",
+        )),
+    }
+}
+
+/// The first-party options over an endpoint's default sampling settings.
+pub fn request_from_text_options(
+    o: &native::TextOptions,
+    defaults: &SamplingParams,
+    prompt: PromptInput,
+) -> Result<GenerateRequest, EngineError> {
+    let mut sampling = o.sampling.clone().unwrap_or_else(|| defaults.clone());
+    if let Some(t) = o.temperature {
+        sampling.temperature = t;
+    }
+    if let Some(p) = o.top_p {
+        sampling.top_p = p;
+    }
+    if let Some(s) = o.seed {
+        sampling.seed = Some(s);
+    }
+    Ok(GenerateRequest {
+        prompt,
+        max_tokens: o.max_tokens,
+        stop: o.stop.clone(),
+        ignore_eos: o.ignore_eos.unwrap_or(false),
+        sampling: Some(sampling),
+        constraint: one_constraint(
+            o.grammar.as_ref(),
+            o.json_schema.as_ref(),
+            o.json_mode.unwrap_or(false),
+        )?,
+        logprobs: o.logprobs,
+        context_key: o.context_key.clone(),
+        cache_prompt: o.cache_prompt.unwrap_or(true),
+        ..GenerateRequest::new(PromptInput::Text(String::new()))
+    })
+}
+
+/// OpenAI fields over an endpoint's default sampling settings.
+pub fn request_from_openai(
+    f: &openai::SamplingFields,
+    max_tokens: Option<i64>,
+    logprobs: Option<u32>,
+    response_format: Option<&openai::ResponseFormat>,
+    defaults: &SamplingParams,
+    prompt: PromptInput,
+) -> Result<GenerateRequest, EngineError> {
+    let mut s = defaults.clone();
+    macro_rules! set {
+        ($($field:ident => $target:ident),*) => {$(
+            if let Some(v) = f.$field { s.$target = v; }
+        )*};
+    }
+    set!(temperature => temperature, top_p => top_p, top_k => top_k, min_p => min_p, typical_p => typical_p,
+         presence_penalty => presence_penalty, frequency_penalty => frequency_penalty,
+         repeat_penalty => repeat_penalty, repeat_last_n => penalty_last_n, mirostat => mirostat,
+         mirostat_tau => mirostat_tau, mirostat_eta => mirostat_eta);
+    if let Some(seed) = f.seed {
+        s.seed =
+            match seed {
+                n if n < 0 => None,
+                n => Some(u32::try_from(n).map_err(|_| {
+                    invalid("seed", format!("must be at most {}, got {n}", u32::MAX))
+                })?),
+            };
+    }
+    if let Some(order) = &f.samplers {
+        s.samplers = Some(SamplingParams::parse_order(order)?);
+    }
+    if let Some(bias) = &f.logit_bias {
+        for (k, v) in bias {
+            let token: i32 = k
+                .trim()
+                .parse()
+                .map_err(|_| invalid("logit_bias", format!("keys must be token ids, got {k:?}")))?;
+            s.logit_bias.push(LogitBias {
+                target: BiasTarget::Token(token),
+                bias: *v,
+            });
+        }
+    }
+    let max_tokens = match max_tokens {
+        None => None,
+        Some(n) if n < 1 => {
+            return Err(invalid(
+                "max_tokens",
+                format!("must be at least 1, got {n}"),
+            ))
+        }
+        Some(n) => {
+            Some(u32::try_from(n).map_err(|_| invalid("max_tokens", format!("{n} is too large")))?)
+        }
+    };
+    let (schema, json_mode) = match response_format {
+        None | Some(openai::ResponseFormat::Text) => (None, false),
+        Some(openai::ResponseFormat::JsonObject) => (None, true),
+        Some(openai::ResponseFormat::JsonSchema { json_schema }) => (
+            Some(
+                json_schema
+                    .schema
+                    .clone()
+                    .ok_or_else(|| invalid("response_format", "json_schema.schema is required"))?,
+            ),
+            false,
+        ),
+    };
+    let schema = match (schema, f.json_schema.as_ref()) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "json_schema",
+                "give either `json_schema` or a json_schema `response_format`, not both",
+            ))
+        }
+        (Some(a), None) => Some(a),
+        (None, b) => b.cloned(),
+    };
+    Ok(GenerateRequest {
+        prompt,
+        max_tokens,
+        stop: f
+            .stop
+            .clone()
+            .map(openai::StopField::into_vec)
+            .unwrap_or_default(),
+        ignore_eos: f.ignore_eos.unwrap_or(false),
+        sampling: Some(s),
+        constraint: one_constraint(f.grammar.as_ref(), schema.as_ref(), json_mode)?,
+        logprobs,
+        context_key: None,
+        cache_prompt: f.cache_prompt.unwrap_or(true),
+        ..GenerateRequest::new(PromptInput::Text(String::new()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::openai::*;
+    use super::*;
+
+    #[test]
+    fn openai_fields_map_onto_sampling() {
+        let f: SamplingFields = serde_json::from_value(serde_json::json!({
+            "temperature": 0.2, "top_k": 5, "seed": 7, "stop": "END",
+            "logit_bias": {"42": -100}, "repeat_penalty": 1.1, "grammar": "root ::= \"a\""
+        }))
+        .expect("parses");
+        let r = request_from_openai(
+            &f,
+            Some(10),
+            None,
+            None,
+            &SamplingParams::default(),
+            "x".into(),
+        )
+        .expect("maps");
+        let s = r.sampling.expect("sampling");
+        assert_eq!((s.temperature, s.top_k, s.seed), (0.2, 5, Some(7)));
+        assert_eq!(s.logit_bias[0].effective_bias(), f32::NEG_INFINITY);
+        assert_eq!(r.stop, vec!["END".to_string()]);
+        assert_eq!(r.max_tokens, Some(10));
+        assert!(matches!(r.constraint, Some(OutputConstraint::Grammar(_))));
+    }
+
+    #[test]
+    fn bad_openai_fields_name_themselves() {
+        let d = SamplingParams::default();
+        let f = SamplingFields::default();
+        let e = request_from_openai(&f, Some(-5), None, None, &d, "x".into()).unwrap_err();
+        assert!(e.to_string().contains("`max_tokens`"), "{e}");
+        let f = SamplingFields {
+            logit_bias: Some([("abc".to_string(), 1.0)].into()),
+            ..Default::default()
+        };
+        let e = request_from_openai(&f, None, None, None, &d, "x".into()).unwrap_err();
+        assert!(e.to_string().contains("`logit_bias`"), "{e}");
+        let f = SamplingFields {
+            grammar: Some("root ::= \"a\"".into()),
+            ..Default::default()
+        };
+        let e = request_from_openai(
+            &f,
+            None,
+            None,
+            Some(&ResponseFormat::JsonObject),
+            &d,
+            "x".into(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("at most one"), "{e}");
+        let f = SamplingFields {
+            samplers: Some(vec!["nope".into()]),
+            ..Default::default()
+        };
+        let e = request_from_openai(&f, None, None, None, &d, "x".into()).unwrap_err();
+        assert!(e.to_string().contains("`samplers`"), "{e}");
+    }
+}

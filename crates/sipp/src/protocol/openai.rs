@@ -1,0 +1,479 @@
+//! OpenAI's wire types (completions, chat completions, embeddings, models),
+//! with llama-server's extensions. The server parses them; the client's
+//! OpenAI-compatible provider sends them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::chat::ChatMessage;
+
+/// `prompt`: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    /// One text.
+    Text(String),
+    /// Several texts (one choice each).
+    Texts(Vec<String>),
+    /// Token ids.
+    Tokens(Vec<i64>),
+    /// Several token-id prompts.
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl StopField {
+    /// As a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// Send a final chunk with usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaSpec,
+    },
+}
+
+/// The `json_schema` member of `response_format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaSpec {
+    /// A name for the schema.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The schema.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    /// OpenAI's strict flag (schemas are always enforced here).
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// Sampling fields every generation request accepts, with llama-server's
+/// extensions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingFields {
+    /// Temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Top-k (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i32>,
+    /// Min-p (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// Typical-p (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typical_p: Option<f32>,
+    /// Presence penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_penalty: Option<f32>,
+    /// Look-back of the penalties (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_last_n: Option<i32>,
+    /// Mirostat mode (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirostat: Option<u8>,
+    /// Mirostat tau (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirostat_tau: Option<f32>,
+    /// Mirostat eta (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirostat_eta: Option<f32>,
+    /// Random seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Token biases: token id (as a string) to bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Sampler order (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samplers: Option<Vec<String>>,
+    /// Stop strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopField>,
+    /// Keep generating past end-of-generation tokens (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    /// A GBNF grammar (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// A JSON schema (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<serde_json::Value>,
+    /// Reuse KV across requests (extension; default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_prompt: Option<bool>,
+    /// OpenAI's end-user id (recorded, not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// POST /v1/completions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    /// Model id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<PromptField>,
+    /// Most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// llama-server's name for max_tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_predict: Option<i64>,
+    /// Choices per prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// Stream as server-sent events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Stream options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Top log-probabilities per token (0 to 5 in OpenAI's API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<i64>,
+    /// Echo the prompt before the completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// Sampling and extension fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// POST /v1/chat/completions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// Model id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The conversation.
+    #[serde(default)]
+    pub messages: Vec<ChatMessage>,
+    /// Most tokens to generate (deprecated name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// Most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<i64>,
+    /// Choices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// Stream as server-sent events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Stream options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Return log-probabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// Alternatives per token (0 to 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<i64>,
+    /// Output format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Tools (not supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<serde_json::Value>,
+    /// Sampling and extension fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageBody {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    #[serde(default)]
+    pub completion_tokens: usize,
+    /// Both.
+    pub total_tokens: usize,
+    /// Cached prompt tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the KV cache.
+    pub cached_tokens: usize,
+}
+
+/// Legacy completion log-probabilities.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// Alternatives per token.
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Character offsets of the tokens in the text.
+    pub text_offset: Vec<usize>,
+}
+
+/// One completion choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    /// Index.
+    pub index: usize,
+    /// Text (or delta).
+    pub text: String,
+    /// Log-probabilities.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Why it ended (null while streaming).
+    pub finish_reason: Option<String>,
+}
+
+/// A completion (or a stream chunk of one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    /// Id.
+    pub id: String,
+    /// "text_completion".
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model id.
+    pub model: String,
+    /// Choices.
+    pub choices: Vec<CompletionChoice>,
+    /// Usage (final response or last chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageBody>,
+}
+
+/// A chat message in a response.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseMessage {
+    /// "assistant" (only in the first delta when streaming).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One alternative token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// Token text.
+    pub token: String,
+    /// Log-probability.
+    pub logprob: f32,
+    /// UTF-8 bytes of the token.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// One generated token's log-probabilities.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    /// Token text.
+    pub token: String,
+    /// Log-probability.
+    pub logprob: f32,
+    /// UTF-8 bytes of the token.
+    pub bytes: Option<Vec<u8>>,
+    /// Alternatives.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// Chat log-probabilities.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    /// Per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One chat choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    /// Index.
+    pub index: usize,
+    /// The message (non-streaming).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<ResponseMessage>,
+    /// The delta (streaming).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<ResponseMessage>,
+    /// Log-probabilities.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Why it ended (null while streaming).
+    pub finish_reason: Option<String>,
+}
+
+/// A chat completion (or a stream chunk of one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    /// Id.
+    pub id: String,
+    /// "chat.completion" or "chat.completion.chunk".
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model id.
+    pub model: String,
+    /// Choices.
+    pub choices: Vec<ChatChoice>,
+    /// Usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageBody>,
+}
+
+/// `input` of an embedding request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    /// One text.
+    Text(String),
+    /// Several texts.
+    Texts(Vec<String>),
+    /// Token ids.
+    Tokens(Vec<i64>),
+    /// Several token-id inputs.
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// POST /v1/embeddings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingRequest {
+    /// Model id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Inputs.
+    pub input: EmbeddingInput,
+    /// "float" (default) or "base64".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding_format: Option<String>,
+    /// Truncated dimensions (not supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<i64>,
+    /// End-user id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// An embedding vector, as floats or base64 of little-endian f32.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    /// Floats.
+    Float(Vec<f32>),
+    /// Base64.
+    Base64(String),
+}
+
+/// One embedding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingData {
+    /// "embedding".
+    pub object: String,
+    /// Input index.
+    pub index: usize,
+    /// The vector.
+    pub embedding: EmbeddingVector,
+}
+
+/// Embeddings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingResponse {
+    /// "list".
+    pub object: String,
+    /// One per input.
+    pub data: Vec<EmbeddingData>,
+    /// Model id.
+    pub model: String,
+    /// Token counts.
+    pub usage: UsageBody,
+}
+
+/// One model in GET /v1/models.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    /// Id.
+    pub id: String,
+    /// "model".
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Owner.
+    pub owned_by: String,
+}
+
+/// GET /v1/models.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// "list".
+    pub object: String,
+    /// Models.
+    pub data: Vec<ModelCard>,
+}
+
+/// OpenAI's error body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Human-readable message.
+    pub message: String,
+    /// Category, e.g. "invalid_request_error".
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Machine-readable code.
+    pub code: Option<String>,
+    /// The offending field, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+}
