@@ -239,6 +239,26 @@ impl Collector for EngineCollector {
             "Requests finished by the engine, by outcome",
             &outcomes,
             C,
-        )
+        )?;
+        let secs: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 2] = [
+            (
+                "sipp_engine_step_seconds",
+                "Time the engine spent in steps that ran a batch",
+                |m| m.step_ns,
+            ),
+            (
+                "sipp_engine_batch_seconds",
+                "Of that, time inside llama.cpp batches",
+                |m| m.batch_ns,
+            ),
+        ];
+        for (name, help, f) in secs {
+            let rows: Vec<(Labels, ConstCounter<f64>)> = snapshots
+                .iter()
+                .map(|(id, m, _)| (model(id), ConstCounter::new(f(m) as f64 / 1e9)))
+                .collect();
+            family(&mut encoder, name, help, &rows, C)?;
+        }
+        Ok(())
     }
 }

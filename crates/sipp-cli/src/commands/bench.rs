@@ -39,6 +39,16 @@ pub enum Workload {
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Measure an OpenAI-compatible server at this base URL (sipp serve,
+    /// llama-server, ...) instead of an engine in this process.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Model id to send to the server.
+    #[arg(long = "server-model")]
+    pub server_model: Option<String>,
+    /// API key for the server.
+    #[arg(long = "api-key", env = "SIPP_BENCH_API_KEY")]
+    pub api_key: Option<String>,
     /// The workload.
     #[arg(long, value_enum, default_value = "generate")]
     pub workload: Workload,
@@ -54,6 +64,10 @@ pub struct BenchArgs {
     /// Turns per conversation (multi-turn).
     #[arg(long, default_value_t = 4)]
     pub turns: usize,
+    /// Skip the cache-off baseline of the shared-prefix workload (to compare
+    /// servers, each started fresh, on the cache-on scenario alone).
+    #[arg(long = "no-baseline")]
+    pub no_baseline: bool,
     /// Print only the JSON report.
     #[arg(long)]
     pub json: bool,
@@ -99,11 +113,126 @@ impl Sample {
 pub enum Target {
     /// An engine in this process.
     Local(Engine),
+    /// An OpenAI-compatible server.
+    Http(HttpTarget),
+}
+
+/// An OpenAI-compatible server (streamed /v1/completions, /v1/embeddings).
+#[derive(Clone)]
+pub struct HttpTarget {
+    client: reqwest::Client,
+    base: String,
+    model: Option<String>,
+    api_key: Option<String>,
+}
+
+impl HttpTarget {
+    fn post(&self, path: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+        let mut r = self
+            .client
+            .post(format!("{}{path}", self.base.trim_end_matches('/')))
+            .json(body);
+        if let Some(k) = &self.api_key {
+            r = r.bearer_auth(k);
+        }
+        r
+    }
+
+    async fn generate(&self, r: &BenchRequest) -> Result<Sample, String> {
+        use futures::StreamExt;
+        let mut body = serde_json::json!({
+            "prompt": r.prompt,
+            "max_tokens": r.max_tokens,
+            "temperature": 0,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "cache_prompt": r.cache_prompt,
+            "ignore_eos": r.ignore_eos,
+        });
+        if let Some(m) = &self.model {
+            body["model"] = serde_json::json!(m);
+        }
+        if let Some(OutputConstraint::JsonSchema(s)) = &r.constraint {
+            body["json_schema"] = s.clone();
+        }
+        let start = Instant::now();
+        let resp = self
+            .post("/v1/completions", &body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            return Err(format!(
+                "{status}: {}",
+                resp.text().await.unwrap_or_default()
+            ));
+        }
+        let mut sample = Sample::default();
+        let mut usage_tokens = None;
+        let mut buf = String::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| e.to_string())?;
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                for line in event.lines() {
+                    let Some(data) = line.strip_prefix("data: ") else {
+                        continue;
+                    };
+                    if data.trim() == "[DONE]" {
+                        continue;
+                    }
+                    let v: serde_json::Value =
+                        serde_json::from_str(data).map_err(|e| format!("{e}: {data}"))?;
+                    if let Some(e) = v.get("error") {
+                        return Err(e.to_string());
+                    }
+                    if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                        usage_tokens = Some(n as usize);
+                    }
+                    let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+                    if !text.is_empty() {
+                        sample.text.push_str(text);
+                        sample.record_tokens(start, 1);
+                    }
+                }
+            }
+        }
+        if let Some(n) = usage_tokens {
+            sample.tokens = n;
+        }
+        sample.end_at = Some(Instant::now());
+        Ok(sample)
+    }
+
+    async fn embed(&self, text: &str) -> Result<(), String> {
+        let mut body = serde_json::json!({"input": text});
+        if let Some(m) = &self.model {
+            body["model"] = serde_json::json!(m);
+        }
+        let resp = self
+            .post("/v1/embeddings", &body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: {}",
+                resp.status(),
+                resp.text().await.unwrap_or_default()
+            ))
+        }
+    }
 }
 
 impl Target {
     async fn generate(&self, r: &BenchRequest) -> Result<Sample, String> {
         match self {
+            Target::Http(h) => h.generate(r).await,
             Target::Local(engine) => {
                 let req = GenerateRequest {
                     max_tokens: Some(r.max_tokens),
@@ -139,6 +268,7 @@ impl Target {
 
     async fn embed(&self, text: &str) -> Result<(), String> {
         match self {
+            Target::Http(h) => h.embed(text).await,
             Target::Local(engine) => {
                 let h = engine
                     .embed(EmbedRequest::new(text))
@@ -461,19 +591,24 @@ fn shared_prefix_workload(
         constraint: None,
     });
     run_clients(rt, target, 1, 1, warm)?;
-    let (s, w) = run_clients(rt, target, args.clients, 1, make(false))?;
-    let off = report("shared-prefix cache off", args.clients, &s, w);
+    let off = if args.no_baseline {
+        None
+    } else {
+        let (s, w) = run_clients(rt, target, args.clients, 1, make(false))?;
+        Some(report("shared-prefix cache off", args.clients, &s, w))
+    };
     let (s, w) = run_clients(rt, target, args.clients, 1, make(true))?;
     let on = report("shared-prefix cache on", args.clients, &s, w);
-    out.ratio(
-        "ttft_p50_on_over_off",
-        on.ttft_p50_ms / off.ttft_p50_ms.max(1e-9),
-    );
-    out.ratio(
-        "tok_s_on_over_off",
-        on.tokens_per_s / off.tokens_per_s.max(1e-9),
-    );
-    #[allow(irrefutable_let_patterns)]
+    if let Some(off) = &off {
+        out.ratio(
+            "ttft_p50_on_over_off",
+            on.ttft_p50_ms / off.ttft_p50_ms.max(1e-9),
+        );
+        out.ratio(
+            "tok_s_on_over_off",
+            on.tokens_per_s / off.tokens_per_s.max(1e-9),
+        );
+    }
     if let Target::Local(e) = target {
         let n = e
             .vocab()
@@ -483,7 +618,7 @@ fn shared_prefix_workload(
         out.extra
             .insert("system_prompt_tokens".into(), serde_json::json!(n));
     }
-    out.reports = vec![off, on];
+    out.reports = off.into_iter().chain([on]).collect();
     Ok(out)
 }
 
@@ -714,17 +849,35 @@ fn embed_workload(
 }
 
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    let mut cfg = args.model.runtime_config()?;
-    if args.workload == Workload::Embed {
-        cfg.context.embeddings = true;
-        cfg.cache.idle_sequences = 0;
-    }
-    if args.model.parallel.is_none() {
-        cfg.context.n_parallel = cfg.context.n_parallel.max(args.clients as u32);
-    }
-    let engine = load_engine(&args.model.model, cfg, args.json)?;
-    let model = engine.info().model.path.clone();
-    let target = Target::Local(engine);
+    let (target, model) = match &args.url {
+        Some(url) => (
+            Target::Http(HttpTarget {
+                // A fresh connection per request: some servers (llama-server)
+                // close idle keep-alive connections, which a pool would reuse.
+                client: reqwest::Client::builder()
+                    .pool_max_idle_per_host(0)
+                    .build()
+                    .map_err(|e| CliError::runtime(e.to_string()))?,
+                base: url.clone(),
+                model: args.server_model.clone(),
+                api_key: args.api_key.clone(),
+            }),
+            url.clone(),
+        ),
+        None => {
+            let mut cfg = args.model.runtime_config()?;
+            if args.workload == Workload::Embed {
+                cfg.context.embeddings = true;
+                cfg.cache.idle_sequences = 0;
+            }
+            if args.model.parallel.is_none() {
+                cfg.context.n_parallel = cfg.context.n_parallel.max(args.clients as u32);
+            }
+            let engine = load_engine(&args.model.model, cfg, args.json)?;
+            let model = engine.info().model.path.clone();
+            (Target::Local(engine), model)
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -736,12 +889,13 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Workload::Constrained => constrained_workload(&rt, &target, &args)?,
         Workload::Embed => embed_workload(&rt, &target, &args)?,
     };
-    let Target::Local(engine) = &target;
-    let m = engine.metrics();
-    out.extra.insert(
-        "engine_batch_share".into(),
-        serde_json::json!(m.batch_ns as f64 / m.step_ns.max(1) as f64),
-    );
+    if let Target::Local(engine) = &target {
+        let m = engine.metrics();
+        out.extra.insert(
+            "engine_batch_share".into(),
+            serde_json::json!(m.batch_ns as f64 / m.step_ns.max(1) as f64),
+        );
+    }
     let json = serde_json::json!({
         "workload": format!("{:?}", args.workload).to_lowercase(),
         "model": model,
