@@ -51,14 +51,45 @@ impl Default for ServerSection {
     }
 }
 
+/// A remote provider a target forwards to, with server-side credentials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderTarget {
+    /// "openai", "openai_compatible" or "anthropic".
+    pub kind: String,
+    /// Base URL (required for openai_compatible).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The API key itself (prefer `api_key_env`).
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// An environment variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The model name at the provider.
+    pub model: String,
+    /// Retries on connection failures, 429 and 503. Default 2.
+    #[serde(default = "two")]
+    pub max_retries: u32,
+}
+
+fn two() -> u32 {
+    2
+}
+
 /// One served model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelTarget {
     /// The id requests name in `model`.
     pub id: String,
-    /// A GGUF path or a known model name (`default`, `minilm`).
+    /// A GGUF path or a known model name (`default`, `minilm`); empty for a
+    /// provider target.
+    #[serde(default)]
     pub model: String,
+    /// Forward to a remote provider instead of running a local model.
+    #[serde(default)]
+    pub provider: Option<ProviderTarget>,
     /// Answers requests that name no model. Default: the first target.
     #[serde(default)]
     pub default: bool,
@@ -82,6 +113,26 @@ impl ServeConfig {
         for m in &self.models {
             if m.id.trim().is_empty() {
                 return Err("a model target has an empty `id`".into());
+            }
+            match (&m.provider, m.model.trim().is_empty()) {
+                (None, true) => {
+                    return Err(format!(
+                        "model `{}` needs `model` (a path or name) or a `provider`",
+                        m.id
+                    ))
+                }
+                (Some(_), false) => {
+                    return Err(format!("model `{}` has both `model` and `provider`", m.id))
+                }
+                (Some(p), true)
+                    if !["openai", "openai_compatible", "anthropic"].contains(&p.kind.as_str()) =>
+                {
+                    return Err(format!(
+                        "model `{}`: provider kind must be openai, openai_compatible or anthropic",
+                        m.id
+                    ))
+                }
+                _ => {}
             }
             for id in std::iter::once(&m.id).chain(&m.aliases) {
                 if !seen.insert(id.clone()) {

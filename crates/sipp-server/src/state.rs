@@ -15,6 +15,17 @@ use crate::metrics::ServerMetrics;
 pub enum Target {
     /// An engine in this process.
     Local(Engine),
+    /// A remote provider, reached with the server's own credentials.
+    Remote(RemoteTarget),
+}
+
+/// A provider endpoint in the server's client.
+#[derive(Clone, Debug)]
+pub struct RemoteTarget {
+    /// The client holding the endpoint.
+    pub client: sipp::client::SippClient,
+    /// The endpoint id in it.
+    pub endpoint: String,
 }
 
 /// A target's state.
@@ -171,11 +182,52 @@ impl AppState {
         }
     }
 
-    /// Loads every target on blocking threads, one after another.
+    /// Loads every target on blocking threads, one after another; provider
+    /// targets are set up at once (nothing to load).
     pub fn spawn_loading(&self, models: Vec<ModelTarget>) -> tokio::task::JoinHandle<()> {
         let state = self.clone();
+        let (remote, local): (Vec<_>, Vec<_>) =
+            models.into_iter().partition(|m| m.provider.is_some());
+        let client = sipp::client::SippClient::new();
+        for m in remote {
+            let Some(p) = m.provider.clone() else {
+                continue;
+            };
+            let state = state.clone();
+            let client = client.clone();
+            tokio::spawn(async move {
+                let kind = match p.kind.as_str() {
+                    "anthropic" => sipp::client::ProviderKind::Anthropic,
+                    "openai_compatible" => sipp::client::ProviderKind::OpenAiCompatible,
+                    _ => sipp::client::ProviderKind::OpenAi,
+                };
+                let api_key = p
+                    .api_key
+                    .clone()
+                    .or_else(|| p.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()));
+                let desc = sipp::client::EndpointDescriptor::Provider {
+                    kind,
+                    base_url: p.base_url.clone(),
+                    api_key,
+                    model: p.model.clone(),
+                    headers: Vec::new(),
+                    timeouts: sipp::client::Timeouts::default(),
+                    max_retries: p.max_retries,
+                };
+                match client.add(m.id.clone(), desc).await {
+                    Ok(_) => state.set_target(
+                        &m.id,
+                        TargetState::Ready(Target::Remote(RemoteTarget {
+                            client,
+                            endpoint: m.id.clone(),
+                        })),
+                    ),
+                    Err(e) => state.set_target(&m.id, TargetState::Failed(e.to_string())),
+                }
+            });
+        }
         tokio::task::spawn_blocking(move || {
-            for m in models {
+            for m in local {
                 let result = sipp::models::resolve_or_fetch(&m.model)
                     .map_err(|e| e.to_string())
                     .and_then(|path| {

@@ -5,8 +5,15 @@
 //! prefix reuse, snapshots), [`sampling`] (settings and constraints), [`text`]
 //! (UTF-8 carry, stop strings) and [`runtime`] (the only code that touches
 //! llama.cpp, behind a trait with a fake implementation for tests).
+//!
+//! Around them: [`client`] (one API over local engines, sipp gateways and
+//! providers), [`chat`] (messages and templates), [`protocol`] (wire types), and
+//! [`models`] (named models and fetching).
+
+#![warn(missing_docs)]
 
 pub mod chat;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod models;

@@ -91,6 +91,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
             model: m.clone(),
             default: true,
             aliases: stem.into_iter().collect(),
+            provider: None,
             runtime,
         }];
     }
@@ -103,6 +104,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
                 .file_name
                 .trim_end_matches(".gguf")
                 .to_string()],
+            provider: None,
             runtime: Default::default(),
         });
     }

@@ -100,10 +100,16 @@ impl Server {
 
     /// A metric's value from /metrics (first sample whose line starts with `prefix`).
     pub fn metric(&self, prefix: &str) -> Option<f64> {
-        let text = reqwest::blocking::get(self.url("/metrics"))
-            .ok()?
-            .text()
-            .ok()?;
+        self.metric_with_key(prefix, None)
+    }
+
+    /// [`Server::metric`] on a server that requires an API key.
+    pub fn metric_with_key(&self, prefix: &str, key: Option<&str>) -> Option<f64> {
+        let mut req = reqwest::blocking::Client::new().get(self.url("/metrics"));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let text = req.send().ok()?.text().ok()?;
         text.lines()
             .find(|l| l.starts_with(prefix))
             .and_then(|l| l.rsplit(' ').next())

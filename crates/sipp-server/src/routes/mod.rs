@@ -3,6 +3,7 @@
 pub mod native;
 pub mod openai;
 pub mod ops;
+pub mod remote;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

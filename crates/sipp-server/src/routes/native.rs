@@ -12,12 +12,6 @@ use super::{json_event, sse, ApiJson, StreamItem};
 use crate::error::ApiError;
 use crate::state::{AppState, Target};
 
-fn local(target: Target) -> Engine {
-    match target {
-        Target::Local(e) => e,
-    }
-}
-
 fn body_of(model: &str, c: Completion) -> GenerationBody {
     GenerationBody {
         model: model.to_string(),
@@ -83,7 +77,10 @@ pub async fn query(
     ApiJson(req): ApiJson<QueryBody>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
-    let engine = local(target);
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => return super::remote::query(model, r, req).await,
+    };
     generate(
         state,
         model,
@@ -101,7 +98,12 @@ pub async fn chat(
     ApiJson(req): ApiJson<ChatBody>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
-    let engine = local(target);
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => {
+            return super::remote::chat(model, r, req.messages, req.options, req.stream).await
+        }
+    };
     let prompt = engine.chat_prompt(&req.messages)?;
     generate(state, model, engine, prompt, &req.options, req.stream).await
 }
@@ -112,7 +114,10 @@ pub async fn embed(
     ApiJson(req): ApiJson<EmbedBody>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
-    let engine = local(target);
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => return super::remote::embed(model, r, req).await,
+    };
     let inputs = req.input.into_vec();
     if inputs.is_empty() {
         return Err(ApiError::bad_field("input", "must not be empty"));

@@ -21,12 +21,6 @@ use crate::state::{AppState, Target};
 /// Most choices one request may ask for.
 const MAX_CHOICES: i64 = 16;
 
-fn local(target: Target) -> Engine {
-    match target {
-        Target::Local(e) => e,
-    }
-}
-
 fn tokens_from_i64(v: &[i64], field: &str) -> Result<Vec<i32>, ApiError> {
     v.iter()
         .map(|&t| {
@@ -157,7 +151,10 @@ pub async fn completions(
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
-    let engine = local(target);
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => return super::remote::completions(model, r, req).await,
+    };
     let prompts: Vec<PromptInput> = match req.prompt.clone() {
         None => return Err(ApiError::bad_field("prompt", "is required")),
         Some(PromptField::Text(s)) => vec![PromptInput::Text(s)],
@@ -319,7 +316,10 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
-    let engine = local(target);
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => return super::remote::chat_completions(model, r, req).await,
+    };
     if req.messages.is_empty() {
         return Err(ApiError::bad_field(
             "messages",
@@ -494,7 +494,10 @@ pub async fn embeddings(
     ApiJson(req): ApiJson<EmbeddingRequest>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
-    let engine = local(target);
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => return super::remote::embeddings(model, r, req).await,
+    };
     if req.dimensions.is_some() {
         return Err(ApiError::bad_field(
             "dimensions",

@@ -89,7 +89,12 @@ pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeBody>,
 ) -> Result<Response, ApiError> {
-    let (_, Target::Local(engine)) = state.target(req.model.as_deref())?;
+    let (id, target) = state.target(req.model.as_deref())?;
+    let Target::Local(engine) = target else {
+        return Err(ApiError::bad_request(format!(
+            "`{id}` is a remote provider; it has no local tokenizer"
+        )));
+    };
     let v = engine.vocab();
     let tokens = v
         .tokenize(&req.content, req.add_special, req.parse_special)
@@ -119,7 +124,12 @@ pub async fn detokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<DetokenizeBody>,
 ) -> Result<Response, ApiError> {
-    let (_, Target::Local(engine)) = state.target(req.model.as_deref())?;
+    let (id, target) = state.target(req.model.as_deref())?;
+    let Target::Local(engine) = target else {
+        return Err(ApiError::bad_request(format!(
+            "`{id}` is a remote provider; it has no local tokenizer"
+        )));
+    };
     let n_vocab = engine.info().model.n_vocab as i64;
     let mut tokens = Vec::with_capacity(req.tokens.len());
     for t in req.tokens {

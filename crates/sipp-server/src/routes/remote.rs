@@ -1,0 +1,558 @@
+//! Routes for targets that forward to a remote provider (the server acting as a
+//! gateway with its own credentials). Only options every provider understands
+//! pass through; the rest are refused with a clear 400.
+
+use std::convert::Infallible;
+
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream;
+use sipp::chat::ChatMessage;
+use sipp::client::{
+    ChatRequest, ClientError, EmbedRequest, QueryRequest, RequestOptions,
+    Response as ClientResponse, Run, RunEvent, TextOptions,
+};
+use sipp::engine::Usage;
+use sipp::protocol::native as nv;
+use sipp::protocol::openai as oa;
+
+use super::{json_event, new_id, now_secs};
+use crate::error::ApiError;
+use crate::state::RemoteTarget;
+
+impl From<ClientError> for ApiError {
+    fn from(e: ClientError) -> Self {
+        match &e {
+            ClientError::Remote {
+                status, message, ..
+            } => ApiError {
+                status: StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
+                message: format!("upstream: {message}"),
+                kind: "upstream_error",
+                code: None,
+                param: None,
+            },
+            ClientError::Invalid { .. } | ClientError::Unsupported { .. } => {
+                ApiError::bad_request(e.to_string())
+            }
+            ClientError::Engine(inner) => inner.clone().into(),
+            _ => ApiError {
+                status: StatusCode::BAD_GATEWAY,
+                message: e.to_string(),
+                kind: "upstream_error",
+                code: Some("bad_gateway"),
+                param: None,
+            },
+        }
+    }
+}
+
+fn unsupported(field: &str) -> ApiError {
+    ApiError::bad_field(
+        field,
+        "is not supported when the model is a remote provider",
+    )
+}
+
+fn check_sampling(s: &oa::SamplingFields) -> Result<(), ApiError> {
+    let set = [
+        ("top_k", s.top_k.is_some()),
+        ("min_p", s.min_p.is_some()),
+        ("typical_p", s.typical_p.is_some()),
+        ("presence_penalty", s.presence_penalty.is_some()),
+        ("frequency_penalty", s.frequency_penalty.is_some()),
+        ("repeat_penalty", s.repeat_penalty.is_some()),
+        ("repeat_last_n", s.repeat_last_n.is_some()),
+        ("mirostat", s.mirostat.is_some()),
+        ("seed", s.seed.is_some()),
+        ("logit_bias", s.logit_bias.is_some()),
+        ("samplers", s.samplers.is_some()),
+        ("ignore_eos", s.ignore_eos.is_some()),
+        ("grammar", s.grammar.is_some()),
+        ("json_schema", s.json_schema.is_some()),
+    ];
+    match set.iter().find(|(_, on)| *on) {
+        Some((name, _)) => Err(unsupported(name)),
+        None => Ok(()),
+    }
+}
+
+fn options(
+    max_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    stop: Vec<String>,
+    user: Option<String>,
+    stream: bool,
+) -> Result<RequestOptions, ApiError> {
+    let max_tokens = match max_tokens {
+        None => None,
+        Some(n) if n >= 1 => {
+            Some(u32::try_from(n).map_err(|_| ApiError::bad_field("max_tokens", "is too large"))?)
+        }
+        Some(n) => {
+            return Err(ApiError::bad_field(
+                "max_tokens",
+                format!("must be at least 1, got {n}"),
+            ))
+        }
+    };
+    let mut o = RequestOptions {
+        text: TextOptions {
+            max_tokens,
+            temperature,
+            top_p,
+            stop,
+        },
+        stream,
+        ..RequestOptions::default()
+    };
+    o.provider.user = user;
+    Ok(o)
+}
+
+fn usage_body(u: Usage) -> oa::UsageBody {
+    oa::UsageBody {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.prompt_tokens + u.completion_tokens,
+        prompt_tokens_details: Some(oa::PromptTokensDetails {
+            cached_tokens: u.cached_tokens,
+        }),
+    }
+}
+
+fn openai_reason(r: &str) -> String {
+    match r {
+        "eos" => "stop".into(),
+        other => other.into(),
+    }
+}
+
+/// Streams a run as SSE: `delta` renders text, `done` the final answer.
+fn run_sse<D, F>(run: Run, delta: D, done: F, trailer: Option<&'static str>) -> Response
+where
+    D: FnMut(String) -> Event + Send + 'static,
+    F: Fn(ClientResponse) -> Vec<Event> + Send + 'static,
+{
+    let events = stream::unfold(
+        (run, delta, done, false),
+        move |(mut run, mut delta, done, finished)| async move {
+            if finished {
+                return None;
+            }
+            let mut out = Vec::new();
+            let mut end = false;
+            match run.next().await {
+                Some(RunEvent::Delta(t)) => out.push(delta(t)),
+                Some(RunEvent::Done(r)) => {
+                    out.extend(done(r));
+                    end = true;
+                }
+                Some(RunEvent::Error(e)) => {
+                    out.push(json_event(&ApiError::from(e).body()));
+                    end = true;
+                }
+                None => end = true,
+            }
+            if end {
+                if let Some(t) = trailer {
+                    out.push(Event::default().data(t));
+                }
+            }
+            Some((
+                stream::iter(out.into_iter().map(Ok::<_, Infallible>)),
+                (run, delta, done, end),
+            ))
+        },
+    );
+    use futures::StreamExt;
+    Sse::new(events.flatten())
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// /v1/completions on a remote target.
+pub async fn completions(
+    model: String,
+    r: RemoteTarget,
+    req: oa::CompletionRequest,
+) -> Result<Response, ApiError> {
+    check_sampling(&req.sampling)?;
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(unsupported("n"));
+    }
+    if req.logprobs.is_some() {
+        return Err(unsupported("logprobs"));
+    }
+    if req.echo == Some(true) {
+        return Err(unsupported("echo"));
+    }
+    let prompt = match req.prompt {
+        Some(oa::PromptField::Text(t)) => t,
+        Some(_) => {
+            return Err(ApiError::bad_field(
+                "prompt",
+                "must be one text when the model is a remote provider",
+            ))
+        }
+        None => return Err(ApiError::bad_field("prompt", "is required")),
+    };
+    let stream = req.stream.unwrap_or(false);
+    let s = &req.sampling;
+    let o = options(
+        req.max_tokens,
+        s.temperature,
+        s.top_p,
+        s.stop
+            .clone()
+            .map(oa::StopField::into_vec)
+            .unwrap_or_default(),
+        s.user.clone(),
+        stream,
+    )?;
+    let run = r
+        .client
+        .query(&r.endpoint, QueryRequest { prompt, options: o })
+        .await?;
+    let (id, created) = (new_id("cmpl"), now_secs());
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |text: String, finish: Option<String>, usage: Option<oa::UsageBody>| {
+            oa::CompletionResponse {
+                id: id.clone(),
+                object: "text_completion".into(),
+                created,
+                model: model.clone(),
+                choices: if usage.is_some() && finish.is_none() {
+                    Vec::new()
+                } else {
+                    vec![oa::CompletionChoice {
+                        index: 0,
+                        text,
+                        logprobs: None,
+                        finish_reason: finish,
+                    }]
+                },
+                usage,
+            }
+        }
+    };
+    if stream {
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let c2 = chunk.clone();
+        return Ok(run_sse(
+            run,
+            move |t| json_event(&chunk(t, None, None)),
+            move |r| {
+                let mut v = vec![json_event(&c2(
+                    String::new(),
+                    Some(openai_reason(&r.finish_reason)),
+                    None,
+                ))];
+                if include_usage {
+                    v.push(json_event(&c2(
+                        String::new(),
+                        None,
+                        Some(usage_body(r.usage)),
+                    )));
+                }
+                v
+            },
+            Some("[DONE]"),
+        ));
+    }
+    let resp = run.response().await?;
+    let reason = openai_reason(&resp.finish_reason);
+    Ok(Json(chunk(resp.text, Some(reason), Some(usage_body(resp.usage)))).into_response())
+}
+
+/// /v1/chat/completions on a remote target.
+pub async fn chat_completions(
+    model: String,
+    r: RemoteTarget,
+    req: oa::ChatCompletionRequest,
+) -> Result<Response, ApiError> {
+    check_sampling(&req.sampling)?;
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(unsupported("n"));
+    }
+    if req.logprobs == Some(true) || req.top_logprobs.is_some() {
+        return Err(unsupported("logprobs"));
+    }
+    if req
+        .response_format
+        .as_ref()
+        .is_some_and(|f| *f != oa::ResponseFormat::Text)
+    {
+        return Err(unsupported("response_format"));
+    }
+    let stream = req.stream.unwrap_or(false);
+    let s = &req.sampling;
+    let o = options(
+        req.max_completion_tokens.or(req.max_tokens),
+        s.temperature,
+        s.top_p,
+        s.stop
+            .clone()
+            .map(oa::StopField::into_vec)
+            .unwrap_or_default(),
+        s.user.clone(),
+        stream,
+    )?;
+    let run = r
+        .client
+        .chat(
+            &r.endpoint,
+            ChatRequest {
+                messages: req.messages,
+                options: o,
+            },
+        )
+        .await?;
+    let (id, created) = (new_id("chatcmpl"), now_secs());
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |object: &str, choice: Option<oa::ChatChoice>, usage: Option<oa::UsageBody>| {
+            oa::ChatCompletionResponse {
+                id: id.clone(),
+                object: object.into(),
+                created,
+                model: model.clone(),
+                choices: choice.into_iter().collect(),
+                usage,
+            }
+        }
+    };
+    let delta_choice =
+        |content: Option<String>, role: Option<String>, finish: Option<String>| oa::ChatChoice {
+            index: 0,
+            message: None,
+            delta: Some(oa::ResponseMessage { role, content }),
+            logprobs: None,
+            finish_reason: finish,
+        };
+    if stream {
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let c2 = chunk.clone();
+        let mut first = true;
+        return Ok(run_sse(
+            run,
+            move |t| {
+                let role = std::mem::take(&mut first).then(|| "assistant".to_string());
+                json_event(&chunk(
+                    "chat.completion.chunk",
+                    Some(delta_choice(Some(t), role, None)),
+                    None,
+                ))
+            },
+            move |r| {
+                let mut v = vec![json_event(&c2(
+                    "chat.completion.chunk",
+                    Some(delta_choice(
+                        None,
+                        None,
+                        Some(openai_reason(&r.finish_reason)),
+                    )),
+                    None,
+                ))];
+                if include_usage {
+                    v.push(json_event(&c2(
+                        "chat.completion.chunk",
+                        None,
+                        Some(usage_body(r.usage)),
+                    )));
+                }
+                v
+            },
+            Some("[DONE]"),
+        ));
+    }
+    let resp = run.response().await?;
+    let choice = oa::ChatChoice {
+        index: 0,
+        message: Some(oa::ResponseMessage {
+            role: Some("assistant".into()),
+            content: Some(resp.text),
+        }),
+        delta: None,
+        logprobs: None,
+        finish_reason: Some(openai_reason(&resp.finish_reason)),
+    };
+    Ok(Json(chunk(
+        "chat.completion",
+        Some(choice),
+        Some(usage_body(resp.usage)),
+    ))
+    .into_response())
+}
+
+/// /v1/embeddings on a remote target.
+pub async fn embeddings(
+    model: String,
+    r: RemoteTarget,
+    req: oa::EmbeddingRequest,
+) -> Result<Response, ApiError> {
+    let inputs = match req.input {
+        oa::EmbeddingInput::Text(t) => vec![t],
+        oa::EmbeddingInput::Texts(v) => v,
+        _ => {
+            return Err(ApiError::bad_field(
+                "input",
+                "must be text when the model is a remote provider",
+            ))
+        }
+    };
+    let e = r
+        .client
+        .embed(&r.endpoint, EmbedRequest::new(inputs))
+        .await?;
+    Ok(Json(oa::EmbeddingResponse {
+        object: "list".into(),
+        data: e
+            .data
+            .into_iter()
+            .enumerate()
+            .map(|(index, d)| oa::EmbeddingData {
+                object: "embedding".into(),
+                index,
+                embedding: oa::EmbeddingVector::Float(d.values),
+            })
+            .collect(),
+        model,
+        usage: oa::UsageBody {
+            prompt_tokens: e.prompt_tokens,
+            completion_tokens: 0,
+            total_tokens: e.prompt_tokens,
+            prompt_tokens_details: None,
+        },
+    })
+    .into_response())
+}
+
+fn native_options(o: &nv::TextOptions, stream: bool) -> Result<RequestOptions, ApiError> {
+    let local_only = [
+        ("seed", o.seed.is_some()),
+        ("ignore_eos", o.ignore_eos.is_some()),
+        ("grammar", o.grammar.is_some()),
+        ("json_schema", o.json_schema.is_some()),
+        ("json_mode", o.json_mode.is_some()),
+        ("logprobs", o.logprobs.is_some()),
+        ("context_key", o.context_key.is_some()),
+        ("sampling", o.sampling.is_some()),
+    ];
+    if let Some((name, _)) = local_only.iter().find(|(_, on)| *on) {
+        return Err(unsupported(name));
+    }
+    options(
+        o.max_tokens.map(i64::from),
+        o.temperature,
+        o.top_p,
+        o.stop.clone(),
+        None,
+        stream,
+    )
+}
+
+fn native_body(model: &str, r: ClientResponse) -> nv::GenerationBody {
+    nv::GenerationBody {
+        model: model.to_string(),
+        text: r.text,
+        finish_reason: r.finish_reason,
+        usage: r.usage,
+        stats: r.stats.unwrap_or_default(),
+        logprobs: Vec::new(),
+    }
+}
+
+async fn native_generate(model: String, run: Run, stream: bool) -> Result<Response, ApiError> {
+    if stream {
+        return Ok(run_sse(
+            run,
+            |t| json_event(&nv::StreamEvent::Delta { text: t }),
+            move |r| vec![json_event(&nv::StreamEvent::Done(native_body(&model, r)))],
+            None,
+        ));
+    }
+    let r = run.response().await?;
+    Ok(Json(native_body(&model, r)).into_response())
+}
+
+/// /v1/query on a remote target.
+pub async fn query(
+    model: String,
+    r: RemoteTarget,
+    req: nv::QueryBody,
+) -> Result<Response, ApiError> {
+    let o = native_options(&req.options, req.stream)?;
+    let run = r
+        .client
+        .query(
+            &r.endpoint,
+            QueryRequest {
+                prompt: req.prompt,
+                options: o,
+            },
+        )
+        .await?;
+    native_generate(model, run, req.stream).await
+}
+
+/// /v1/chat on a remote target.
+pub async fn chat(
+    model: String,
+    r: RemoteTarget,
+    messages: Vec<ChatMessage>,
+    options: nv::TextOptions,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    let o = native_options(&options, stream)?;
+    let run = r
+        .client
+        .chat(
+            &r.endpoint,
+            ChatRequest {
+                messages,
+                options: o,
+            },
+        )
+        .await?;
+    native_generate(model, run, stream).await
+}
+
+/// /v1/embed on a remote target.
+pub async fn embed(
+    model: String,
+    r: RemoteTarget,
+    req: nv::EmbedBody,
+) -> Result<Response, ApiError> {
+    if req.normalize.is_some() {
+        return Err(unsupported("normalize"));
+    }
+    let e = r
+        .client
+        .embed(&r.endpoint, EmbedRequest::new(req.input.into_vec()))
+        .await?;
+    Ok(Json(nv::EmbedResponseBody {
+        model,
+        data: e
+            .data
+            .into_iter()
+            .enumerate()
+            .map(|(index, d)| nv::EmbeddingItem {
+                index,
+                values: d.values,
+                pooling: d.pooling.unwrap_or(sipp::runtime::Pooling::None),
+                normalized: d.normalized.unwrap_or(false),
+            })
+            .collect(),
+        usage: Usage {
+            prompt_tokens: e.prompt_tokens,
+            completion_tokens: 0,
+            cached_tokens: 0,
+        },
+    })
+    .into_response())
+}

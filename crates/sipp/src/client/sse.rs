@@ -1,0 +1,105 @@
+//! A small server-sent events decoder (the `event:` and `data:` fields), fed
+//! bytes as they arrive.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    /// The `event:` name, if any.
+    pub event: Option<String>,
+    /// The `data:` lines, joined by newlines.
+    pub data: String,
+}
+
+/// Incremental decoder.
+#[derive(Debug, Default)]
+pub struct SseDecoder {
+    buf: String,
+    pending_utf8: Vec<u8>,
+}
+
+impl SseDecoder {
+    /// Adds bytes; returns the events now complete.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.pending_utf8.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending_utf8) {
+            Ok(_) => self.pending_utf8.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending_utf8.len(),
+        };
+        let text = String::from_utf8_lossy(&self.pending_utf8[..valid]).into_owned();
+        self.pending_utf8.drain(..valid);
+        self.buf.push_str(&text.replace("\r\n", "\n"));
+        let mut out = Vec::new();
+        while let Some(end) = self.buf.find("\n\n") {
+            let block: String = self.buf.drain(..end + 2).collect();
+            let mut event = None;
+            let mut data: Vec<&str> = Vec::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v));
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = Some(v.trim().to_string());
+                }
+            }
+            if event.is_some() || !data.is_empty() {
+                out.push(SseEvent {
+                    event,
+                    data: data.join("\n"),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Reads the next batch of events from a response, waiting at most `timeout`
+/// for bytes. `Ok(None)` at the end of the stream.
+pub async fn next_events<S>(
+    stream: &mut S,
+    decoder: &mut SseDecoder,
+    timeout: Duration,
+) -> Result<Option<Vec<SseEvent>>, String>
+where
+    S: futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+{
+    loop {
+        let chunk = tokio::time::timeout(timeout, stream.next())
+            .await
+            .map_err(|_| format!("no data for {timeout:?}"))?;
+        match chunk {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(e.to_string()),
+            Some(Ok(bytes)) => {
+                let events = decoder.push(&bytes);
+                if !events.is_empty() {
+                    return Ok(Some(events));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_split_events_and_multibyte_text() {
+        let mut d = SseDecoder::default();
+        let all =
+            "event: message_start\ndata: {\"a\":1}\n\ndata: h\u{e9}llo\r\n\r\ndata: [DONE]\n\n"
+                .as_bytes();
+        let mut events = Vec::new();
+        for chunk in all.chunks(3) {
+            events.extend(d.push(chunk));
+        }
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[0].event.as_deref(), Some("message_start"));
+        assert_eq!(events[1].data, "h\u{e9}llo");
+        assert_eq!(events[2].data, "[DONE]");
+    }
+}

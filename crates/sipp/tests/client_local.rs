@@ -1,0 +1,139 @@
+//! SippClient on a local endpoint (the default model in this process).
+
+use sipp::chat::ChatMessage;
+use sipp::client::{
+    ChatRequest, EmbedRequest, EndpointDescriptor, QueryRequest, RunEvent, SippClient,
+};
+use sipp::NativeRuntimeConfig;
+
+async fn client() -> SippClient {
+    let c = SippClient::new();
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_ctx = 2048;
+    cfg.context.n_parallel = 2;
+    c.add(
+        "local",
+        EndpointDescriptor::Local {
+            model: "default".into(),
+            config: Box::new(cfg),
+        },
+    )
+    .await
+    .expect("local model loads");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_chat_stream_and_cancel() {
+    let c = client().await;
+    let mut q = QueryRequest::new("The capital of France is")
+        .max_tokens(8)
+        .temperature(0.0);
+    q.options.local.logprobs = Some(2);
+    let r = c
+        .query("local", q)
+        .await
+        .expect("run")
+        .response()
+        .await
+        .expect("ok");
+    assert!(r.text.contains("Paris"), "{}", r.text);
+    assert_eq!(r.usage.completion_tokens, 8);
+    assert!(r.stats.expect("local stats").ttft_ms > 0.0);
+    assert_eq!(r.logprobs.len(), 8);
+
+    let mut run = c
+        .chat(
+            "local",
+            ChatRequest::new(vec![ChatMessage::user("Tell me about cats.")])
+                .max_tokens(24)
+                .temperature(0.0)
+                .stream(),
+        )
+        .await
+        .expect("run");
+    let mut text = String::new();
+    let done = loop {
+        match run.next().await.expect("event") {
+            RunEvent::Delta(d) => text.push_str(&d),
+            RunEvent::Done(r) => break r,
+            RunEvent::Error(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(text, done.text);
+
+    let mut q = QueryRequest::new("Write a long story.")
+        .max_tokens(5000)
+        .stream();
+    q.options.local.ignore_eos = true;
+    let mut run = c.query("local", q).await.expect("run");
+    let mut n = 0;
+    let done = loop {
+        match run.next().await.expect("event") {
+            RunEvent::Delta(_) => {
+                n += 1;
+                if n == 3 {
+                    run.cancel();
+                }
+            }
+            RunEvent::Done(r) => break r,
+            RunEvent::Error(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(done.finish_reason, "cancelled");
+    assert!(done.usage.completion_tokens < 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_only_options_work_and_embedding_is_refused_on_a_generation_model() {
+    let c = client().await;
+    let mut q = QueryRequest::new("Is the sky blue? Answer:").max_tokens(4);
+    q.options.local.grammar = Some("root ::= \" yes\" | \" no\"".into());
+    let r = c
+        .query("local", q)
+        .await
+        .expect("run")
+        .response()
+        .await
+        .expect("ok");
+    assert!(r.text == " yes" || r.text == " no", "{:?}", r.text);
+    let err = c
+        .embed("local", EmbedRequest::new(["x"]))
+        .await
+        .expect_err("generation model");
+    assert!(err.to_string().contains("embeddings"), "{err}");
+    let err = c
+        .query("local", QueryRequest::new(""))
+        .await
+        .expect_err("empty");
+    assert!(err.to_string().contains("empty"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_embeddings_with_minilm() {
+    let c = SippClient::new();
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.embeddings = true;
+    cfg.cache.idle_sequences = 0;
+    c.add(
+        "emb",
+        EndpointDescriptor::Local {
+            model: "minilm".into(),
+            config: Box::new(cfg),
+        },
+    )
+    .await
+    .expect("loads");
+    let mut req = EmbedRequest::new([
+        "A man is eating food.",
+        "A man is eating a piece of bread.",
+        "A man is riding a horse.",
+    ]);
+    req.normalize = Some(true);
+    let e = c.embed("emb", req).await.expect("embed");
+    assert_eq!(e.data.len(), 3);
+    assert_eq!(e.data[0].values.len(), 384);
+    assert_eq!(e.data[0].normalized, Some(true));
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    assert!(dot(&e.data[0].values, &e.data[1].values) > dot(&e.data[0].values, &e.data[2].values));
+}
