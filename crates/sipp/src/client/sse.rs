@@ -32,7 +32,11 @@ impl SseDecoder {
         };
         let text = String::from_utf8_lossy(&self.pending_utf8[..valid]).into_owned();
         self.pending_utf8.drain(..valid);
-        self.buf.push_str(&text.replace("\r\n", "\n"));
+        self.buf.push_str(&text);
+        // Normalize CRLF on the whole buffer: a pair may straddle two chunks.
+        if self.buf.contains("\r\n") {
+            self.buf = self.buf.replace("\r\n", "\n");
+        }
         let mut out = Vec::new();
         while let Some(end) = self.buf.find("\n\n") {
             let block: String = self.buf.drain(..end + 2).collect();
