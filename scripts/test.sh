@@ -11,6 +11,8 @@ cargo build --release --workspace --examples --quiet
 cargo test --release --workspace --quiet "$@"
 # The query example runs against the default model.
 "$CARGO_TARGET_DIR/release/examples/query" "The capital of France is" | grep -q Paris
+# Every fuzz target briefly, seeded from the committed corpus.
+scripts/fuzz.sh "${SIPP_FUZZ_SECS:-20}"
 # Rustdoc on every public item, without warnings.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet -p sipp-rs -p sipp-server
 echo "all tests passed"

@@ -68,6 +68,44 @@ pub async fn require_key(State(state): State<AppState>, req: Request, next: Next
 mod tests {
     use super::*;
 
+    /// A wrong key sharing 31 of 32 characters with the real one takes as long
+    /// to refuse as one sharing none: the comparison is on digests, in constant
+    /// time, so timing cannot be used to guess a key prefix by prefix.
+    /// Batches alternate so machine noise hits both sides alike; the bound is
+    /// loose (a byte-wise early-exit compare of the raw key would differ by far
+    /// less than noise on a 32-byte key, so this guards the design, while the
+    /// digest makes the work identical by construction).
+    #[test]
+    fn refusal_time_does_not_depend_on_a_shared_prefix() {
+        let key = "sk-0123456789abcdef0123456789abcd";
+        let digests = vec![digest(key)];
+        let near = "sk-0123456789abcdef0123456789abcX";
+        let far = "XX-XXXXXXXXXXXXXXXXXXXXXXXXXXXXXX";
+        let time = |k: &str| {
+            let start = std::time::Instant::now();
+            for _ in 0..2000 {
+                assert!(!key_matches(
+                    std::hint::black_box(k),
+                    std::hint::black_box(&digests)
+                ));
+            }
+            start.elapsed().as_nanos() as f64 / 2000.0
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..60 {
+            a.push(time(near));
+            b.push(time(far));
+        }
+        a.sort_by(f64::total_cmp);
+        b.sort_by(f64::total_cmp);
+        let (ma, mb) = (a[a.len() / 2], b[b.len() / 2]);
+        let ratio = ma.max(mb) / ma.min(mb);
+        assert!(
+            ratio < 1.3,
+            "near-prefix {ma:.1} ns vs no-prefix {mb:.1} ns per check"
+        );
+    }
+
     #[test]
     fn matches_only_exact_keys() {
         let keys = vec![digest("secret-one"), digest("secret-two")];

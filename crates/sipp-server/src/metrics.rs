@@ -182,7 +182,7 @@ impl Collector for EngineCollector {
             &up,
             G,
         )?;
-        let counters: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 8] = [
+        let counters: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 9] = [
             ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
                 m.prompt_tokens
             }),
@@ -213,6 +213,11 @@ impl Collector for EngineCollector {
             ("sipp_preemptions", "Slots preempted for KV space", |m| {
                 m.preemptions
             }),
+            (
+                "sipp_idle_invariant_violations",
+                "Leaks found when the engine went idle",
+                |m| m.invariant_violations,
+            ),
         ];
         for (name, help, f) in counters {
             let rows: Vec<(Labels, ConstCounter<u64>)> = snapshots

@@ -118,9 +118,13 @@ impl AppState {
 
     /// The ready target for a request's `model` (the default when absent).
     pub fn target(&self, model: Option<&str>) -> Result<(String, Target), ApiError> {
-        let requested = model
-            .filter(|m| !m.is_empty())
-            .unwrap_or(self.default_model.as_str());
+        if model.is_some_and(|m| m.trim().is_empty()) {
+            return Err(ApiError::bad_field(
+                "model",
+                "must not be empty (omit it to use the default model)",
+            ));
+        }
+        let requested = model.unwrap_or(self.default_model.as_str());
         let id = self
             .aliases
             .get(requested)

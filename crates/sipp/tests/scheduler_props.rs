@@ -337,6 +337,8 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
     prop_assert_eq!(h.core.sessions().leased_count(), 0, "leases leaked");
     prop_assert!(h.core.slots().iter().all(|s| s.phase == SlotPhase::Idle));
     prop_assert_eq!(h.queued.load(Ordering::SeqCst), 0, "queue gauge leaked");
+    let problems = h.core.check_idle_invariants();
+    prop_assert!(problems.is_empty(), "idle invariants: {:?}", problems);
     Ok(tracked)
 }
 

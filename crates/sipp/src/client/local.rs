@@ -14,6 +14,17 @@ pub(super) struct LocalEndpoint {
 }
 
 impl LocalEndpoint {
+    #[cfg(not(feature = "llama"))]
+    pub(super) async fn start(
+        _model: String,
+        _config: NativeRuntimeConfig,
+    ) -> Result<Self, ClientError> {
+        Err(ClientError::Load(
+            "this build of sipp has no llama.cpp runtime (feature `llama`)".into(),
+        ))
+    }
+
+    #[cfg(feature = "llama")]
     pub(super) async fn start(
         model: String,
         config: NativeRuntimeConfig,

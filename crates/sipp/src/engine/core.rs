@@ -258,6 +258,53 @@ impl<B: Backend> EngineCore<B> {
         }
     }
 
+    /// Checks, with nothing to do, that nothing is held: every slot idle, no
+    /// lease, an empty queue, and (where the backend can tell) the KV mirror's
+    /// cell count equal to the backend's. Returns what is wrong, if anything.
+    pub fn check_idle_invariants(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(s) = self
+            .slots
+            .iter()
+            .find(|s| s.phase != SlotPhase::Idle || s.work.is_some())
+        {
+            problems.push(format!(
+                "slot {} is {:?} while the engine is idle",
+                s.slot_id, s.phase
+            ));
+        }
+        if self.sessions.leased_count() != 0 {
+            problems.push(format!(
+                "{} sequence leases held while idle",
+                self.sessions.leased_count()
+            ));
+        }
+        // (The submitters' queue gauge is not checked: a request counted there
+        // may still be on its way to this thread.)
+        if !self.queue.is_empty() {
+            problems.push(format!(
+                "queue holds {} requests while idle",
+                self.queue.len()
+            ));
+        }
+        if let Some(cells) = self.backend.kv_cells_used() {
+            if cells != self.sessions.cells_used() {
+                problems.push(format!(
+                    "backend holds {cells} KV cells, the mirror {}",
+                    self.sessions.cells_used()
+                ));
+            }
+        }
+        self.metrics.idle_checks.fetch_add(1, Relaxed);
+        if !problems.is_empty() {
+            self.metrics
+                .invariant_violations
+                .fetch_add(problems.len() as u64, Relaxed);
+            tracing::error!("engine invariants broken at idle: {}", problems.join("; "));
+        }
+        problems
+    }
+
     /// Cancels every queued and running request.
     pub fn cancel_all(&mut self) {
         let ids: Vec<RequestId> = self

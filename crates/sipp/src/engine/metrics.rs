@@ -29,6 +29,8 @@ pub struct EngineMetrics {
     pub(crate) snapshot_bytes: AtomicU64,
     pub(crate) step_ns: AtomicU64,
     pub(crate) batch_ns: AtomicU64,
+    pub(crate) idle_checks: AtomicU64,
+    pub(crate) invariant_violations: AtomicU64,
 }
 
 /// A copy of the metrics at one moment.
@@ -80,6 +82,10 @@ pub struct MetricsSnapshot {
     pub step_ns: u64,
     /// Of that, time spent in llama.cpp batches (decode/encode), in nanoseconds.
     pub batch_ns: u64,
+    /// Times the engine checked its invariants on going idle.
+    pub idle_checks: u64,
+    /// Invariant violations found then (slots, leases, queue or KV cells).
+    pub invariant_violations: u64,
 }
 
 impl EngineMetrics {
@@ -109,6 +115,8 @@ impl EngineMetrics {
             snapshot_bytes: self.snapshot_bytes.load(Relaxed),
             step_ns: self.step_ns.load(Relaxed),
             batch_ns: self.batch_ns.load(Relaxed),
+            idle_checks: self.idle_checks.load(Relaxed),
+            invariant_violations: self.invariant_violations.load(Relaxed),
         }
     }
 }

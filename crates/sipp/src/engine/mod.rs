@@ -17,6 +17,7 @@ pub use request::{
     RequestEvent, RequestStats, TextDelta, TokenLogprobs, Usage,
 };
 
+#[cfg(feature = "llama")]
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -231,6 +232,17 @@ impl RequestPreparer {
         }
         let mut sampling = req.sampling.unwrap_or_else(|| info.sampling.clone());
         sampling.validate()?;
+        let n_vocab = info.model.n_vocab as i32;
+        for b in &sampling.logit_bias {
+            if let crate::sampling::BiasTarget::Token(t) = b.target {
+                if t >= n_vocab {
+                    return Err(EngineError::InvalidRequest {
+                        field: "logit_bias",
+                        message: format!("token id {t} is outside the vocabulary (0..{n_vocab})"),
+                    });
+                }
+            }
+        }
         if let Some(c) = &req.constraint {
             c.validate()?;
             self.vocab.check_constraint(c)?;
@@ -394,11 +406,13 @@ pub enum StartError {
 
 impl Engine {
     /// Loads a GGUF model and starts its engine.
+    #[cfg(feature = "llama")]
     pub fn load(path: &Path, config: NativeRuntimeConfig) -> Result<Engine, StartError> {
         Self::load_with_progress(path, config, None)
     }
 
     /// Loads a model, reporting load progress (0..=1), and starts its engine.
+    #[cfg(feature = "llama")]
     pub fn load_with_progress(
         path: &Path,
         config: NativeRuntimeConfig,
@@ -571,6 +585,8 @@ fn run_engine<B: Backend>(
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         'outer: loop {
             if !core.has_work() {
+                // Going idle: a good moment to check nothing leaked.
+                core.check_idle_invariants();
                 match rx.recv() {
                     Ok(cmd) => {
                         if !handle(&mut core, cmd) {

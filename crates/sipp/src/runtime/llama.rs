@@ -337,6 +337,40 @@ impl LlamaRuntime {
         self.model.info.n_vocab as i32
     }
 
+    /// The banned tokens when the settings reduce to an argmax: greedy, no
+    /// penalties, no constraint, and only biases that ban (-inf).
+    fn greedy_bans(&self, spec: &SamplerSpec<'_>) -> Option<Vec<i32>> {
+        let p = spec.params;
+        let plain = p.is_greedy()
+            && spec.constraint.is_none()
+            && p.repeat_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias
+                .iter()
+                .all(|b| b.effective_bias() == f32::NEG_INFINITY);
+        if !plain {
+            return None;
+        }
+        let mut banned = Vec::new();
+        for b in &p.logit_bias {
+            match &b.target {
+                BiasTarget::Token(t) => banned.push(*t),
+                BiasTarget::Text(s) => banned.extend(
+                    self.model
+                        .model
+                        .vocab()
+                        .tokenize(s.as_bytes(), false, false)
+                        .iter()
+                        .map(|t| t.0),
+                ),
+            }
+        }
+        banned.sort_unstable();
+        banned.dedup();
+        Some(banned)
+    }
+
     fn build_chain(&self, spec: SamplerSpec<'_>) -> Result<LlamaSampler, SamplingError> {
         let p = spec.params;
         let model = &self.model.model;
@@ -493,28 +527,19 @@ const GRAMMAR_SHORTLIST: usize = 512;
 pub struct LlamaSamplerState {
     chain: LlamaSampler,
     grammar: Option<LlamaSampler>,
-    /// Plain greedy with nothing that rewrites logits: an argmax over the row
-    /// gives llama.cpp's greedy pick without building a candidate array.
-    argmax_only: bool,
+    /// Greedy with nothing that rewrites logits but token bans (as
+    /// `ignore_eos` adds): an argmax over the row, skipping the banned tokens
+    /// (sorted), gives llama.cpp's greedy pick without building a candidate array.
+    argmax_banning: Option<Vec<i32>>,
 }
 
-/// Whether the settings reduce to an argmax of the raw logits.
-fn is_plain_greedy(spec: &SamplerSpec<'_>) -> bool {
-    let p = spec.params;
-    p.is_greedy()
-        && spec.constraint.is_none()
-        && p.logit_bias.is_empty()
-        && p.repeat_penalty == 1.0
-        && p.frequency_penalty == 0.0
-        && p.presence_penalty == 0.0
-}
-
-/// The first index of the largest value (llama.cpp's greedy tie-break).
-fn argmax(logits: &[f32]) -> i32 {
+/// The first index of the largest value not banned (llama.cpp's greedy tie-break).
+fn argmax(logits: &[f32], banned: &[i32]) -> i32 {
     let mut best = 0usize;
     let mut best_v = f32::NEG_INFINITY;
     for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
+        // The ban check runs only on a new maximum, which is rare.
+        if v > best_v && banned.binary_search(&(i as i32)).is_err() {
             best_v = v;
             best = i;
         }
@@ -644,7 +669,7 @@ impl Backend for LlamaRuntime {
         Ok(LlamaSamplerState {
             chain,
             grammar,
-            argmax_only: is_plain_greedy(&spec),
+            argmax_banning: self.greedy_bans(&spec),
         })
     }
 
@@ -656,7 +681,7 @@ impl Backend for LlamaRuntime {
         // The chain is cheap to build and carries the seed; the grammar (the
         // expensive part) is only reset.
         sampler.chain = self.build_chain(spec)?;
-        sampler.argmax_only = is_plain_greedy(&spec);
+        sampler.argmax_banning = self.greedy_bans(&spec);
         if let Some(g) = &mut sampler.grammar {
             g.reset();
         }
@@ -677,7 +702,10 @@ impl Backend for LlamaRuntime {
         top_logprobs: Option<usize>,
     ) -> Result<Sampled, SampleError> {
         let token = match &mut sampler.grammar {
-            None if sampler.argmax_only => argmax(self.ctx.get_logits_ith(row as i32)),
+            None if sampler.argmax_banning.is_some() => argmax(
+                self.ctx.get_logits_ith(row as i32),
+                sampler.argmax_banning.as_deref().unwrap_or_default(),
+            ),
             None => sampler.chain.sample(&self.ctx, row as i32).0,
             Some(grammar) => {
                 let logits = self.ctx.get_logits_ith(row as i32);

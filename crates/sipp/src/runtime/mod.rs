@@ -8,6 +8,7 @@
 
 pub mod fake;
 pub mod gguf;
+#[cfg(feature = "llama")]
 pub mod llama;
 
 use serde::{Deserialize, Serialize};

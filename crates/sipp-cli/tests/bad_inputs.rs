@@ -1,0 +1,512 @@
+//! A catalogue of bad requests over HTTP: each gets its documented 4xx with an
+//! OpenAI-shaped error, while a long streamed generation keeps being served.
+
+mod common;
+
+use common::Server;
+use reqwest::blocking::Client;
+use serde_json::Value;
+
+struct Case {
+    name: &'static str,
+    method: &'static str,
+    path: &'static str,
+    body: Vec<u8>,
+    status: u16,
+    /// Expected `param`, or a word the message must contain.
+    expect: &'static str,
+}
+
+fn case(
+    name: &'static str,
+    path: &'static str,
+    body: &str,
+    status: u16,
+    expect: &'static str,
+) -> Case {
+    Case {
+        name,
+        method: "POST",
+        path,
+        body: body.as_bytes().to_vec(),
+        status,
+        expect,
+    }
+}
+
+fn catalogue() -> Vec<Case> {
+    let c = "/v1/completions";
+    let ch = "/v1/chat/completions";
+    let e = "/v1/embeddings";
+    let ok_msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+    let mut v = vec![
+        case("malformed JSON", c, "{bad", 400, "JSON"),
+        case("empty body", c, "", 400, "empty"),
+        case("array body", c, "[]", 400, "JSON"),
+        case("null body", c, "null", 400, "JSON"),
+        case(
+            "deeply nested JSON",
+            c,
+            &format!("{{\"prompt\":{}1{}}}", "[".repeat(5000), "]".repeat(5000)),
+            400,
+            "JSON",
+        ),
+        case(
+            "prompt of wrong type",
+            c,
+            r#"{"prompt": {"a": 1}}"#,
+            400,
+            "JSON",
+        ),
+        case("missing prompt", c, r#"{"max_tokens": 3}"#, 400, "prompt"),
+        case("empty prompt", c, r#"{"prompt": ""}"#, 400, "prompt"),
+        case("empty prompt list", c, r#"{"prompt": []}"#, 400, "prompt"),
+        case(
+            "negative token id",
+            c,
+            r#"{"prompt": [1, -5]}"#,
+            400,
+            "prompt",
+        ),
+        case(
+            "token id out of vocabulary",
+            c,
+            r#"{"prompt": [1, 999999]}"#,
+            400,
+            "prompt",
+        ),
+        case(
+            "max_tokens as text",
+            c,
+            r#"{"prompt": "x", "max_tokens": "ten"}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "negative max_tokens",
+            c,
+            r#"{"prompt": "x", "max_tokens": -1}"#,
+            400,
+            "max_tokens",
+        ),
+        case(
+            "zero max_tokens",
+            c,
+            r#"{"prompt": "x", "max_tokens": 0}"#,
+            400,
+            "max_tokens",
+        ),
+        case(
+            "huge max_tokens",
+            c,
+            r#"{"prompt": "x", "max_tokens": 99999999999}"#,
+            400,
+            "max_tokens",
+        ),
+        case(
+            "astronomic max_tokens",
+            c,
+            r#"{"prompt": "x", "max_tokens": 1e30}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "negative temperature",
+            c,
+            r#"{"prompt": "x", "temperature": -1}"#,
+            400,
+            "temperature",
+        ),
+        case(
+            "temperature as text",
+            c,
+            r#"{"prompt": "x", "temperature": "hot"}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "infinite temperature",
+            c,
+            r#"{"prompt": "x", "temperature": 1e400}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "top_p zero",
+            c,
+            r#"{"prompt": "x", "top_p": 0}"#,
+            400,
+            "top_p",
+        ),
+        case(
+            "top_p above one",
+            c,
+            r#"{"prompt": "x", "top_p": 2}"#,
+            400,
+            "top_p",
+        ),
+        case(
+            "negative top_k",
+            c,
+            r#"{"prompt": "x", "top_k": -5}"#,
+            400,
+            "top_k",
+        ),
+        case(
+            "min_p above one",
+            c,
+            r#"{"prompt": "x", "min_p": 3}"#,
+            400,
+            "min_p",
+        ),
+        case("n zero", c, r#"{"prompt": "x", "n": 0}"#, 400, "n"),
+        case("n huge", c, r#"{"prompt": "x", "n": 1000}"#, 400, "n"),
+        case(
+            "too many logprobs",
+            c,
+            r#"{"prompt": "x", "logprobs": 9}"#,
+            400,
+            "logprobs",
+        ),
+        case(
+            "logit_bias key not a token",
+            c,
+            r#"{"prompt": "x", "logit_bias": {"abc": 1}}"#,
+            400,
+            "logit_bias",
+        ),
+        case(
+            "logit_bias token out of vocabulary",
+            c,
+            r#"{"prompt": "x", "logit_bias": {"999999": -100}}"#,
+            400,
+            "logit_bias",
+        ),
+        case(
+            "stop of wrong type",
+            c,
+            r#"{"prompt": "x", "stop": 5}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "too many stop strings",
+            c,
+            &format!(
+                r#"{{"prompt": "x", "stop": [{}]}}"#,
+                (0..17)
+                    .map(|i| format!("\"s{i}\""))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            400,
+            "stop",
+        ),
+        case(
+            "seed out of range",
+            c,
+            r#"{"prompt": "x", "seed": 99999999999}"#,
+            400,
+            "seed",
+        ),
+        case(
+            "invalid grammar",
+            c,
+            r#"{"prompt": "x", "grammar": "root ::= ("}"#,
+            400,
+            "grammar",
+        ),
+        case(
+            "unsupported schema feature",
+            c,
+            r#"{"prompt": "x", "json_schema": {"type": "number", "multipleOf": 2}}"#,
+            400,
+            "multipleOf",
+        ),
+        case(
+            "schema not an object",
+            c,
+            r#"{"prompt": "x", "json_schema": 5}"#,
+            400,
+            "json_schema",
+        ),
+        case(
+            "unknown sampler name",
+            c,
+            r#"{"prompt": "x", "samplers": ["top_k", "nope"]}"#,
+            400,
+            "samplers",
+        ),
+        case(
+            "prompt longer than the context",
+            c,
+            &format!(r#"{{"prompt": "{}"}}"#, "word ".repeat(6000)),
+            400,
+            "prompt",
+        ),
+        case(
+            "zero-length model name",
+            c,
+            r#"{"prompt": "x", "model": ""}"#,
+            400,
+            "model",
+        ),
+        case(
+            "unknown model",
+            c,
+            r#"{"prompt": "x", "model": "gpt-7"}"#,
+            404,
+            "model",
+        ),
+        case("empty messages", ch, r#"{"messages": []}"#, 400, "messages"),
+        case(
+            "missing messages",
+            ch,
+            r#"{"max_tokens": 2}"#,
+            400,
+            "messages",
+        ),
+        case(
+            "unknown role",
+            ch,
+            r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "content of wrong type",
+            ch,
+            r#"{"messages": [{"role": "user", "content": 5}]}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "message without content",
+            ch,
+            r#"{"messages": [{"role": "user"}]}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "tools",
+            ch,
+            &format!(
+                r#"{{{ok_msgs}, "tools": [{{"type": "function", "function": {{"name": "f"}}}}]}}"#
+            ),
+            400,
+            "tools",
+        ),
+        case(
+            "top_logprobs without logprobs",
+            ch,
+            &format!(r#"{{{ok_msgs}, "top_logprobs": 3}}"#),
+            400,
+            "top_logprobs",
+        ),
+        case(
+            "negative max_completion_tokens",
+            ch,
+            &format!(r#"{{{ok_msgs}, "max_completion_tokens": -2}}"#),
+            400,
+            "max_tokens",
+        ),
+        case(
+            "json_schema format without schema",
+            ch,
+            &format!(
+                r#"{{{ok_msgs}, "response_format": {{"type": "json_schema", "json_schema": {{"name": "x"}}}}}}"#
+            ),
+            400,
+            "response_format",
+        ),
+        case(
+            "unknown response_format",
+            ch,
+            &format!(r#"{{{ok_msgs}, "response_format": {{"type": "xml"}}}}"#),
+            400,
+            "JSON",
+        ),
+        case(
+            "grammar and json mode together",
+            ch,
+            &format!(
+                r#"{{{ok_msgs}, "grammar": "root ::= \"a\"", "response_format": {{"type": "json_object"}}}}"#
+            ),
+            400,
+            "grammar",
+        ),
+        case(
+            "embeddings: empty input",
+            e,
+            r#"{"input": []}"#,
+            400,
+            "input",
+        ),
+        case(
+            "embeddings: input of wrong type",
+            e,
+            r#"{"input": {"a": 1}}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "embeddings: bad encoding_format",
+            e,
+            r#"{"input": "x", "encoding_format": "hex"}"#,
+            400,
+            "encoding_format",
+        ),
+        case(
+            "embeddings: dimensions",
+            e,
+            r#"{"input": "x", "dimensions": 8}"#,
+            400,
+            "dimensions",
+        ),
+        case(
+            "embeddings on a generation model",
+            e,
+            r#"{"input": "x"}"#,
+            400,
+            "embeddings",
+        ),
+        case(
+            "native query without prompt",
+            "/v1/query",
+            r#"{"max_tokens": 2}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "native embed without input",
+            "/v1/embed",
+            r#"{}"#,
+            400,
+            "JSON",
+        ),
+        case(
+            "detokenize negative id",
+            "/detokenize",
+            r#"{"tokens": [-1]}"#,
+            400,
+            "tokens",
+        ),
+        case(
+            "tokenize without content",
+            "/tokenize",
+            r#"{}"#,
+            400,
+            "JSON",
+        ),
+    ];
+    let mut invalid_utf8 = br#"{"prompt": ""#.to_vec();
+    invalid_utf8.extend_from_slice(&[0xff, 0xfe, 0xc3]);
+    invalid_utf8.extend_from_slice(br#""}"#);
+    v.push(Case {
+        name: "invalid UTF-8",
+        method: "POST",
+        path: c,
+        body: invalid_utf8,
+        status: 400,
+        expect: "JSON",
+    });
+    let mut big = br#"{"prompt": ""#.to_vec();
+    big.extend(std::iter::repeat_n(b'a', 10 * 1024 * 1024));
+    big.extend_from_slice(br#""}"#);
+    v.push(Case {
+        name: "10 MB prompt",
+        method: "POST",
+        path: c,
+        body: big,
+        status: 413,
+        expect: "limit",
+    });
+    v.push(Case {
+        name: "wrong method",
+        method: "GET",
+        path: c,
+        body: Vec::new(),
+        status: 405,
+        expect: "method",
+    });
+    v.push(Case {
+        name: "unknown route",
+        method: "POST",
+        path: "/v2/completions",
+        body: b"{}".to_vec(),
+        status: 404,
+        expect: "route",
+    });
+    v
+}
+
+#[test]
+fn every_bad_input_gets_its_4xx_and_others_keep_being_served() {
+    let s = Server::start(&["--ctx-size", "4096", "--parallel", "4"]);
+    // A long generation streams the whole time.
+    let url = s.url("/v1/completions");
+    let stream = std::thread::spawn(move || {
+        Client::new()
+            .post(url)
+            .json(&serde_json::json!({"prompt": "Tell me a long story", "max_tokens": 150, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}))
+            .send()
+            .and_then(|r| r.text())
+    });
+    // A fresh connection per case: a 413 is answered before the body is read,
+    // after which the server closes that connection.
+    let c = Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let cases = catalogue();
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    let mut failures = Vec::new();
+    for k in &cases {
+        let req = match k.method {
+            "GET" => c.get(s.url(k.path)),
+            _ => c
+                .post(s.url(k.path))
+                .header("content-type", "application/json")
+                .body(k.body.clone()),
+        };
+        let r = req
+            .send()
+            .unwrap_or_else(|e| panic!("{}: no response: {e}", k.name));
+        let status = r.status().as_u16();
+        let v: Value = r.json().unwrap_or(Value::Null);
+        let shaped = v["error"]["message"].is_string() && v["error"]["type"].is_string();
+        let mentions = v["error"]["param"].as_str() == Some(k.expect)
+            || v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(k.expect));
+        if status != k.status || !shaped || !mentions {
+            failures.push(format!(
+                "{}: got {status} {v}, expected {} mentioning {:?}",
+                k.name, k.status, k.expect
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    let body = stream.join().expect("thread").expect("stream answered");
+    assert!(
+        body.contains("\"completion_tokens\":150"),
+        "the concurrent stream was disturbed: {body}"
+    );
+    assert!(body.trim_end().ends_with("data: [DONE]"));
+    // Nothing was left running.
+    assert!(common::eventually(
+        std::time::Duration::from_secs(5),
+        || s.metric("sipp_busy_slots{") == Some(0.0)
+    ));
+    assert_eq!(s.metric("sipp_idle_invariant_violations_total{"), Some(0.0));
+    println!(
+        "bad inputs: {} cases, each answered with its documented status",
+        cases.len()
+    );
+}
