@@ -113,6 +113,27 @@ fn options(
     Ok(o)
 }
 
+/// The options an OpenAI request carries that every provider understands.
+fn openai_options(
+    s: &oa::SamplingFields,
+    max_tokens: Option<i64>,
+    stream: bool,
+) -> Result<RequestOptions, ApiError> {
+    let stop = s
+        .stop
+        .clone()
+        .map(oa::StopField::into_vec)
+        .unwrap_or_default();
+    options(
+        max_tokens,
+        s.temperature,
+        s.top_p,
+        stop,
+        s.user.clone(),
+        stream,
+    )
+}
+
 fn usage_body(u: Usage) -> oa::UsageBody {
     oa::UsageBody {
         prompt_tokens: u.prompt_tokens,
@@ -201,18 +222,7 @@ pub async fn completions(
         None => return Err(ApiError::bad_field("prompt", "is required")),
     };
     let stream = req.stream.unwrap_or(false);
-    let s = &req.sampling;
-    let o = options(
-        req.max_tokens,
-        s.temperature,
-        s.top_p,
-        s.stop
-            .clone()
-            .map(oa::StopField::into_vec)
-            .unwrap_or_default(),
-        s.user.clone(),
-        stream,
-    )?;
+    let o = openai_options(&req.sampling, req.max_tokens, stream)?;
     let run = r
         .client
         .query(&r.endpoint, QueryRequest { prompt, options: o })
@@ -290,16 +300,9 @@ pub async fn chat_completions(
         return Err(unsupported("response_format"));
     }
     let stream = req.stream.unwrap_or(false);
-    let s = &req.sampling;
-    let o = options(
+    let o = openai_options(
+        &req.sampling,
         req.max_completion_tokens.or(req.max_tokens),
-        s.temperature,
-        s.top_p,
-        s.stop
-            .clone()
-            .map(oa::StopField::into_vec)
-            .unwrap_or_default(),
-        s.user.clone(),
         stream,
     )?;
     let run = r

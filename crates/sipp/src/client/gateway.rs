@@ -2,10 +2,10 @@
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::sse::{next_events, SseDecoder};
+use super::sse::{stream_run, Piece};
 use super::{
     ChatRequest, ClientError, EmbedRequest, Embedding, Embeddings, GatewayAuth, QueryRequest,
-    RequestOptions, Response, Run, RunEvent, Timeouts,
+    RequestOptions, Response, Run, Timeouts,
 };
 use crate::protocol::native::{
     ChatBody, EmbedBody, EmbedResponseBody, GenerationBody, OneOrMany, QueryBody, StreamEvent,
@@ -163,73 +163,28 @@ impl GatewayEndpoint {
         let mut wire = serde_json::to_value(body).map_err(|e| protocol(&self.id, e))?;
         wire["stream"] = serde_json::Value::Bool(true);
         let resp = self.post(path, &wire, true).await?;
-        let (tx, cancel, run) = Run::channel();
         let id = self.id.clone();
-        let read_timeout = self.timeouts.stream_read;
-        tokio::spawn(async move {
-            let mut bytes = resp.bytes_stream();
-            let mut dec = SseDecoder::default();
-            let mut text = String::new();
-            loop {
-                let batch = tokio::select! {
-                    b = next_events(&mut bytes, &mut dec, read_timeout) => b,
-                    () = cancel.cancelled() => {
-                        drop(bytes);
-                        let _ = tx.send(RunEvent::Done(Response {
-                            text,
-                            finish_reason: "cancelled".into(),
-                            ..Response::default()
-                        }));
-                        return;
+        Ok(stream_run(
+            &self.id,
+            resp,
+            self.timeouts.stream_read,
+            stream,
+            move |ev| {
+                let parsed: StreamEvent = serde_json::from_str(&ev.data)
+                    .map_err(|e| protocol(&id, format!("{e}: {}", ev.data)))?;
+                Ok(match parsed {
+                    StreamEvent::Delta { text } => vec![Piece::Text(text)],
+                    StreamEvent::Done(body) => vec![Piece::Done(response_of(body))],
+                    StreamEvent::Error { error } => {
+                        return Err(ClientError::Remote {
+                            endpoint: id.clone(),
+                            status: 200,
+                            message: error.message,
+                        })
                     }
-                };
-                let events = match batch {
-                    Ok(Some(e)) => e,
-                    Ok(None) => {
-                        let _ = tx.send(RunEvent::Error(protocol(
-                            &id,
-                            "the stream ended without a final event",
-                        )));
-                        return;
-                    }
-                    Err(e) => {
-                        let _ = tx.send(RunEvent::Error(transport(&id, e)));
-                        return;
-                    }
-                };
-                for ev in events {
-                    let parsed: StreamEvent = match serde_json::from_str(&ev.data) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let _ = tx
-                                .send(RunEvent::Error(protocol(&id, format!("{e}: {}", ev.data))));
-                            return;
-                        }
-                    };
-                    match parsed {
-                        StreamEvent::Delta { text: d } => {
-                            text.push_str(&d);
-                            if stream {
-                                let _ = tx.send(RunEvent::Delta(d));
-                            }
-                        }
-                        StreamEvent::Done(body) => {
-                            let _ = tx.send(RunEvent::Done(response_of(body)));
-                            return;
-                        }
-                        StreamEvent::Error { error } => {
-                            let _ = tx.send(RunEvent::Error(ClientError::Remote {
-                                endpoint: id.clone(),
-                                status: 200,
-                                message: error.message,
-                            }));
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Ok(run)
+                })
+            },
+        ))
     }
 
     pub(super) async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, ClientError> {

@@ -5,7 +5,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::gateway::{header_map, protocol, remote_error, transport};
-use super::sse::{next_events, SseDecoder};
+use super::sse::stream_run;
+use super::sse::Piece;
 use super::{
     ChatRequest, ClientError, EmbedRequest, Embedding, Embeddings, ProviderKind, QueryRequest,
     RequestOptions, Response, Run, RunEvent, Timeouts,
@@ -25,14 +26,6 @@ pub(super) struct ProviderEndpoint {
     client: reqwest::Client,
     timeouts: Timeouts,
     max_retries: u32,
-}
-
-/// What one streamed piece means.
-enum Piece {
-    Text(String),
-    Finish(String),
-    Usage(Usage),
-    End,
 }
 
 impl ProviderEndpoint {
@@ -234,38 +227,44 @@ impl ProviderEndpoint {
             return Ok(run);
         }
         let id = self.id.clone();
-        Ok(self.stream_run(resp, move |ev| {
-            if ev.data.trim() == "[DONE]" {
-                return Ok(vec![Piece::End]);
-            }
-            let v: Value = serde_json::from_str(&ev.data)
-                .map_err(|e| protocol(&id, format!("{e}: {}", ev.data)))?;
-            if let Some(err) = v.get("error") {
-                return Err(ClientError::Remote {
-                    endpoint: id.clone(),
-                    status: 200,
-                    message: err["message"].as_str().unwrap_or("error").to_string(),
-                });
-            }
-            let mut out = Vec::new();
-            if let Some(c) = v["choices"].get(0) {
-                let t = if chat {
-                    &c["delta"]["content"]
-                } else {
-                    &c["text"]
-                };
-                if let Some(t) = t.as_str().filter(|t| !t.is_empty()) {
-                    out.push(Piece::Text(t.to_string()));
+        Ok(stream_run(
+            &self.id,
+            resp,
+            self.timeouts.stream_read,
+            true,
+            move |ev| {
+                if ev.data.trim() == "[DONE]" {
+                    return Ok(vec![Piece::End]);
                 }
-                if let Some(r) = c["finish_reason"].as_str() {
-                    out.push(Piece::Finish(r.to_string()));
+                let v: Value = serde_json::from_str(&ev.data)
+                    .map_err(|e| protocol(&id, format!("{e}: {}", ev.data)))?;
+                if let Some(err) = v.get("error") {
+                    return Err(ClientError::Remote {
+                        endpoint: id.clone(),
+                        status: 200,
+                        message: err["message"].as_str().unwrap_or("error").to_string(),
+                    });
                 }
-            }
-            if v["usage"].is_object() {
-                out.push(Piece::Usage(openai_usage(&v["usage"])));
-            }
-            Ok(out)
-        }))
+                let mut out = Vec::new();
+                if let Some(c) = v["choices"].get(0) {
+                    let t = if chat {
+                        &c["delta"]["content"]
+                    } else {
+                        &c["text"]
+                    };
+                    if let Some(t) = t.as_str().filter(|t| !t.is_empty()) {
+                        out.push(Piece::Text(t.to_string()));
+                    }
+                    if let Some(r) = c["finish_reason"].as_str() {
+                        out.push(Piece::Finish(r.to_string()));
+                    }
+                }
+                if v["usage"].is_object() {
+                    out.push(Piece::Usage(openai_usage(&v["usage"])));
+                }
+                Ok(out)
+            },
+        ))
     }
 
     async fn anthropic_chat(&self, req: ChatRequest) -> Result<Run, ClientError> {
@@ -332,119 +331,57 @@ impl ProviderEndpoint {
         }
         let id = self.id.clone();
         let mut input: Option<Value> = None;
-        Ok(self.stream_run(resp, move |ev| {
-            let v: Value = if ev.data.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_str(&ev.data)
-                    .map_err(|e| protocol(&id, format!("{e}: {}", ev.data)))?
-            };
-            let kind = ev
-                .event
-                .clone()
-                .or_else(|| v["type"].as_str().map(str::to_string))
-                .unwrap_or_default();
-            Ok(match kind.as_str() {
-                "message_start" => {
-                    input = Some(v["message"]["usage"].clone());
-                    Vec::new()
-                }
-                "content_block_delta" if v["delta"]["type"] == "text_delta" => {
-                    vec![Piece::Text(
-                        v["delta"]["text"].as_str().unwrap_or_default().to_string(),
-                    )]
-                }
-                "message_delta" => {
-                    let mut out = Vec::new();
-                    if let Some(r) = v["delta"]["stop_reason"].as_str() {
-                        out.push(Piece::Finish(anthropic_reason(Some(r))));
-                    }
-                    out.push(Piece::Usage(anthropic_usage(&v["usage"], input.as_ref())));
-                    out
-                }
-                "message_stop" => vec![Piece::End],
-                "error" => {
-                    return Err(ClientError::Remote {
-                        endpoint: id.clone(),
-                        status: 200,
-                        message: v["error"]["message"]
-                            .as_str()
-                            .unwrap_or("error")
-                            .to_string(),
-                    })
-                }
-                // ping, content_block_start, content_block_stop.
-                _ => Vec::new(),
-            })
-        }))
-    }
-
-    /// Turns a streamed response into a run, with `parse` mapping each SSE
-    /// event onto pieces; a cancelled run closes the connection.
-    fn stream_run<F>(&self, resp: reqwest::Response, mut parse: F) -> Run
-    where
-        F: FnMut(&super::sse::SseEvent) -> Result<Vec<Piece>, ClientError> + Send + 'static,
-    {
-        let (tx, cancel, run) = Run::channel();
-        let id = self.id.clone();
-        let read_timeout = self.timeouts.stream_read;
-        tokio::spawn(async move {
-            let mut bytes = resp.bytes_stream();
-            let mut dec = SseDecoder::default();
-            let mut r = Response::default();
-            loop {
-                let batch = tokio::select! {
-                    b = next_events(&mut bytes, &mut dec, read_timeout) => b,
-                    () = cancel.cancelled() => {
-                        r.finish_reason = "cancelled".into();
-                        let _ = tx.send(RunEvent::Done(r));
-                        return;
-                    }
+        Ok(stream_run(
+            &self.id,
+            resp,
+            self.timeouts.stream_read,
+            true,
+            move |ev| {
+                let v: Value = if ev.data.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_str(&ev.data)
+                        .map_err(|e| protocol(&id, format!("{e}: {}", ev.data)))?
                 };
-                let events = match batch {
-                    Ok(Some(e)) => e,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let _ = tx.send(RunEvent::Error(transport(&id, e)));
-                        return;
+                let kind = ev
+                    .event
+                    .clone()
+                    .or_else(|| v["type"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                Ok(match kind.as_str() {
+                    "message_start" => {
+                        input = Some(v["message"]["usage"].clone());
+                        Vec::new()
                     }
-                };
-                for ev in &events {
-                    match parse(ev) {
-                        Err(e) => {
-                            let _ = tx.send(RunEvent::Error(e));
-                            return;
-                        }
-                        Ok(pieces) => {
-                            for p in pieces {
-                                match p {
-                                    Piece::Text(t) => {
-                                        r.text.push_str(&t);
-                                        let _ = tx.send(RunEvent::Delta(t));
-                                    }
-                                    Piece::Finish(f) => r.finish_reason = f,
-                                    Piece::Usage(u) => r.usage = u,
-                                    Piece::End => {
-                                        let _ = tx.send(RunEvent::Done(std::mem::take(&mut r)));
-                                        return;
-                                    }
-                                }
-                            }
-                        }
+                    "content_block_delta" if v["delta"]["type"] == "text_delta" => {
+                        vec![Piece::Text(
+                            v["delta"]["text"].as_str().unwrap_or_default().to_string(),
+                        )]
                     }
-                }
-            }
-            // Some servers end the stream without a closing event.
-            if r.finish_reason.is_empty() {
-                let _ = tx.send(RunEvent::Error(protocol(
-                    &id,
-                    "the stream ended before the answer finished",
-                )));
-            } else {
-                let _ = tx.send(RunEvent::Done(r));
-            }
-        });
-        run
+                    "message_delta" => {
+                        let mut out = Vec::new();
+                        if let Some(r) = v["delta"]["stop_reason"].as_str() {
+                            out.push(Piece::Finish(anthropic_reason(Some(r))));
+                        }
+                        out.push(Piece::Usage(anthropic_usage(&v["usage"], input.as_ref())));
+                        out
+                    }
+                    "message_stop" => vec![Piece::End],
+                    "error" => {
+                        return Err(ClientError::Remote {
+                            endpoint: id.clone(),
+                            status: 200,
+                            message: v["error"]["message"]
+                                .as_str()
+                                .unwrap_or("error")
+                                .to_string(),
+                        })
+                    }
+                    // ping, content_block_start, content_block_stop.
+                    _ => Vec::new(),
+                })
+            },
+        ))
     }
 
     pub(super) async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, ClientError> {

@@ -107,3 +107,99 @@ mod tests {
         assert_eq!(events[2].data, "[DONE]");
     }
 }
+
+/// What one streamed event means to a run.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    /// New text.
+    Text(String),
+    /// The finish reason.
+    Finish(String),
+    /// Token counts.
+    Usage(crate::engine::Usage),
+    /// The whole final answer, as the remote sent it.
+    Done(super::Response),
+    /// The end: the answer is what the pieces built.
+    End,
+}
+
+/// Turns a streamed response into a run: `parse` maps each event onto pieces;
+/// text is streamed when `stream_text`; a cancelled run closes the connection
+/// (which the remote takes as a cancellation) and reports what it had.
+pub(crate) fn stream_run<F>(
+    id: &str,
+    resp: reqwest::Response,
+    read_timeout: Duration,
+    stream_text: bool,
+    mut parse: F,
+) -> super::Run
+where
+    F: FnMut(&SseEvent) -> Result<Vec<Piece>, super::ClientError> + Send + 'static,
+{
+    use super::{gateway::protocol, gateway::transport, Response, Run, RunEvent};
+    let (tx, cancel, run) = Run::channel();
+    let id = id.to_string();
+    tokio::spawn(async move {
+        let mut bytes = resp.bytes_stream();
+        let mut dec = SseDecoder::default();
+        let mut r = Response::default();
+        loop {
+            let batch = tokio::select! {
+                b = next_events(&mut bytes, &mut dec, read_timeout) => b,
+                () = cancel.cancelled() => {
+                    drop(bytes);
+                    r.finish_reason = "cancelled".into();
+                    let _ = tx.send(RunEvent::Done(r));
+                    return;
+                }
+            };
+            let events = match batch {
+                Ok(Some(e)) => e,
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(RunEvent::Error(transport(&id, e)));
+                    return;
+                }
+            };
+            for ev in &events {
+                let pieces = match parse(ev) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(RunEvent::Error(e));
+                        return;
+                    }
+                };
+                for p in pieces {
+                    match p {
+                        Piece::Text(t) => {
+                            r.text.push_str(&t);
+                            if stream_text {
+                                let _ = tx.send(RunEvent::Delta(t));
+                            }
+                        }
+                        Piece::Finish(f) => r.finish_reason = f,
+                        Piece::Usage(u) => r.usage = u,
+                        Piece::Done(full) => {
+                            let _ = tx.send(RunEvent::Done(full));
+                            return;
+                        }
+                        Piece::End => {
+                            let _ = tx.send(RunEvent::Done(std::mem::take(&mut r)));
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        // Some servers end the stream without a closing event.
+        if r.finish_reason.is_empty() {
+            let _ = tx.send(RunEvent::Error(protocol(
+                &id,
+                "the stream ended before the answer finished",
+            )));
+        } else {
+            let _ = tx.send(RunEvent::Done(r));
+        }
+    });
+    run
+}
