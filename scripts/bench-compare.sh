@@ -13,7 +13,7 @@ REFBIN=$("$(dirname "$0")/reference-llama.sh")
 SIPP=$(sipp_bin)
 MODEL=$("$SIPP" models fetch default | sed 's/^default: //')
 stats() { python3 -c 'import sys,statistics as s; v=[float(x) for x in sys.argv[2:]]; print("%-34s best %8.1f  median %8.1f  (%s)" % (sys.argv[1], max(v), s.median(v), " ".join("%.1f"%x for x in v)))' "$@"; }
-a=(); b=()
+a=(); b=(); u=()
 for i in $(seq "$N"); do
   case "$MODE" in
     single)
@@ -23,12 +23,18 @@ for i in $(seq "$N"); do
     batched)
       a+=("$("$SIPP" bench -t "$THREADS" -C 8 -R 1 -n 64 --json 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print([s for s in d["scenarios"] if s["name"].startswith("lockstep")][0]["lockstep_decode_tokens_per_s"])')")
       b+=("$("$REFBIN/llama-batched-bench" -m "$MODEL" -t "$THREADS" -tb "$THREADS" -c 4096 -b 512 -ub 512 -npp 16 -ntg 64 -npl 8 2>&1 | awk -F'|' '/^\|[ ]+16/ {gsub(/ /,"",$9); print $9}')")
+      # The same with one KV stream shared by all sequences (-kvu), the layout
+      # sipp uses so that sequences can share prefix cells.
+      u+=("$("$REFBIN/llama-batched-bench" -m "$MODEL" -t "$THREADS" -tb "$THREADS" -c 4096 -b 512 -ub 512 -npp 16 -ntg 64 -npl 8 -kvu 2>&1 | awk -F'|' '/^\|[ ]+16/ {gsub(/ /,"",$9); print $9}')")
       ;;
     *) echo "unknown mode $MODE" >&2; exit 2 ;;
   esac
 done
 case "$MODE" in
   single) stats "sipp run decode tok/s" "${a[@]}"; stats "llama-bench tg128 tok/s" "${b[@]}" ;;
-  batched) stats "sipp lockstep x8 decode tok/s" "${a[@]}"; stats "llama-batched-bench S_TG B=8" "${b[@]}" ;;
+  batched) stats "sipp lockstep x8 decode tok/s" "${a[@]}"; stats "llama-batched-bench S_TG B=8" "${b[@]}"; stats "llama-batched-bench -kvu S_TG B=8" "${u[@]}" ;;
 esac
 python3 -c 'import sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("ratio sipp/llama.cpp: best %.3f, median %.3f" % (max(a)/max(b), sorted(a)[len(a)//2]/sorted(b)[len(b)//2]))' "${a[*]}" "${b[*]}"
+if [ "$MODE" = batched ]; then
+  python3 -c 'import sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("ratio sipp/llama.cpp -kvu: best %.3f, median %.3f" % (max(a)/max(b), sorted(a)[len(a)//2]/sorted(b)[len(b)//2]))' "${a[*]}" "${u[*]}"
+fi

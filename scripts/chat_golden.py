@@ -1,38 +1,24 @@
 #!/usr/bin/env python3
-"""Renders the chat-template fixtures exactly as Hugging Face transformers does
-(jinja2 sandbox, trim_blocks, lstrip_blocks, loopcontrols, its raise_exception,
-strftime_now and tojson) and prints the expected outputs as JSON.
+"""Renders the chat-template fixtures with Hugging Face transformers' own chat
+template renderer (`transformers.utils.chat_template_utils.render_jinja_template`,
+the code behind `tokenizer.apply_chat_template`) and prints the expected outputs
+as JSON.
 
     python3 scripts/chat_golden.py crates/sipp/tests/fixtures/chat > expected.json
 """
 import json
+import logging
+import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+# transformers warns that no deep-learning framework is installed; templates need none.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+logging.disable(logging.WARNING)
 
-
-def raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def strftime_now(fmt):
-    return datetime.now().strftime(fmt)
-
-
-def compile_template(source):
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env.from_string(source)
+import jinja2  # noqa: E402
+from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
 
 
 def main():
@@ -40,17 +26,18 @@ def main():
     spec = json.loads((root / "cases.json").read_text())
     out = {}
     for name, t in spec["templates"].items():
-        template = compile_template((root / t["file"]).read_text())
+        source = (root / t["file"]).read_text()
         out[name] = {}
         for case, c in spec["cases"].items():
             try:
-                text = template.render(
-                    messages=c["messages"],
+                rendered, _ = render_jinja_template(
+                    conversations=[c["messages"]],
+                    chat_template=source,
                     add_generation_prompt=c["add_generation_prompt"],
                     bos_token=t["bos_token"],
                     eos_token=t["eos_token"],
                 )
-                out[name][case] = {"ok": text}
+                out[name][case] = {"ok": rendered[0]}
             except jinja2.exceptions.TemplateError as e:
                 out[name][case] = {"error": str(e)}
     json.dump(out, sys.stdout, indent=1, ensure_ascii=False, sort_keys=True)

@@ -1,7 +1,8 @@
 //! Golden tests: sipp renders chat templates exactly as Hugging Face
 //! transformers does. `fixtures/chat/expected.json` comes from
-//! `scripts/chat_golden.py` (jinja2 configured as transformers configures it);
-//! the last test re-runs that script to show the file is current.
+//! `scripts/chat_golden.py`, which renders each fixture with transformers' own
+//! `render_jinja_template` (the code behind `apply_chat_template`); the last
+//! test re-runs that script to show the file is current.
 
 use std::path::PathBuf;
 
@@ -55,7 +56,7 @@ fn every_template_matches_transformers() {
 }
 
 #[test]
-fn golden_file_is_what_jinja2_renders_now() {
+fn golden_file_is_what_transformers_renders_now() {
     let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/chat_golden.py");
     let out = std::process::Command::new(&python)
@@ -65,7 +66,7 @@ fn golden_file_is_what_jinja2_renders_now() {
         .expect("python runs");
     assert!(
         out.status.success(),
-        "{python} {}: {} (scripts/test.sh installs jinja2 into the test venv)",
+        "{python} {}: {} (scripts/test.sh installs transformers into the test venv)",
         script.display(),
         String::from_utf8_lossy(&out.stderr)
     );
