@@ -6,7 +6,7 @@ source "$(dirname "$0")/env.sh"
 ensure_system_packages
 ensure_python_packages
 cd "$(sipp_root)"
-cargo build --release --workspace --examples --quiet
+cargo build --release --workspace --bins --examples --quiet
 "$(sipp_bin)" models fetch default minilm >/dev/null
 cargo test --release --workspace --quiet "$@"
 # The query example runs against the default model.
