@@ -87,11 +87,14 @@ impl ServerMetrics {
             .observe(seconds);
     }
 
-    /// Records a time to first token.
-    pub fn record_ttft(&self, model: &str, seconds: f64) {
-        self.ttft
-            .get_or_create(&vec![("model".to_string(), model.to_string())])
-            .observe(seconds);
+    /// Records the time to first token of a finished request (none when it
+    /// produced no token).
+    pub fn record_ttft(&self, model: &str, stats: &sipp::engine::RequestStats) {
+        if stats.generated_tokens > 0 {
+            self.ttft
+                .get_or_create(&vec![("model".to_string(), model.to_string())])
+                .observe(stats.ttft_ms / 1000.0);
+        }
     }
 
     /// The Prometheus text exposition.

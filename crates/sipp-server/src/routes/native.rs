@@ -53,9 +53,7 @@ async fn generate(
             StreamItem::Delta(_, d) if d.text.is_empty() => Vec::new(),
             StreamItem::Delta(_, d) => vec![json_event(&StreamEvent::Delta { text: d.text })],
             StreamItem::Finished(_, c) => {
-                if c.stats.generated_tokens > 0 {
-                    st.metrics.record_ttft(&model, c.stats.ttft_ms / 1000.0);
-                }
+                st.metrics.record_ttft(&model, &c.stats);
                 vec![json_event(&StreamEvent::Done(body_of(&model, c)))]
             }
             StreamItem::Failed(_, e) => vec![json_event(&StreamEvent::Error {
@@ -65,9 +63,7 @@ async fn generate(
         return Ok(sse(vec![handle], render, Vec::new).into_response());
     }
     let c = handle.completion().await?;
-    if c.stats.generated_tokens > 0 {
-        state.metrics.record_ttft(&model, c.stats.ttft_ms / 1000.0);
-    }
+    state.metrics.record_ttft(&model, &c.stats);
     Ok(Json(body_of(&model, c)).into_response())
 }
 

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
 use sipp::engine::{
-    Completion, EmbedRequest, GenerateRequest, PromptInput, RequestHandle, TokenLogprobs,
+    Completion, EmbedRequest, GenerateRequest, PromptInput, RequestHandle, TokenLogprobs, Usage,
 };
 use sipp::protocol::openai::*;
 use sipp::protocol::request_from_openai;
@@ -40,22 +40,44 @@ fn choices_n(n: Option<i64>) -> Result<usize, ApiError> {
     }
 }
 
-fn usage_body(completions: &[(usize, &Completion)], n: usize) -> UsageBody {
-    let mut u = UsageBody::default();
-    let mut cached = 0;
-    for (i, c) in completions {
+/// The usage of a response with `n` choices per prompt, from each choice's
+/// (index, usage).
+fn usage_body(choices: impl IntoIterator<Item = (usize, Usage)>, n: usize) -> UsageBody {
+    let mut total = Usage::default();
+    for (i, u) in choices {
         // The prompt counts once per prompt, not once per choice.
         if i % n == 0 {
-            u.prompt_tokens += c.usage.prompt_tokens;
-            cached += c.usage.cached_tokens;
+            total.prompt_tokens += u.prompt_tokens;
+            total.cached_tokens += u.cached_tokens;
         }
-        u.completion_tokens += c.usage.completion_tokens;
+        total.completion_tokens += u.completion_tokens;
     }
-    u.total_tokens = u.prompt_tokens + u.completion_tokens;
-    u.prompt_tokens_details = Some(PromptTokensDetails {
-        cached_tokens: cached,
-    });
-    u
+    total.into()
+}
+
+/// The usage of a streamed response's choices as they finish, for the usage
+/// chunk `stream_options.include_usage` asks for at the end.
+#[derive(Clone, Default)]
+struct StreamUsage(Arc<Mutex<Vec<(usize, Usage)>>>);
+
+impl StreamUsage {
+    fn record(&self, index: usize, usage: Usage) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push((index, usage));
+        }
+    }
+
+    fn body(&self, n: usize) -> UsageBody {
+        let v = self.0.lock().map(|v| v.clone()).unwrap_or_default();
+        usage_body(v, n)
+    }
+}
+
+/// The end of an OpenAI stream: the usage chunk when there is one, then `[DONE]`.
+fn stream_end<T: serde::Serialize>(usage_chunk: Option<T>) -> Vec<Event> {
+    let mut out: Vec<Event> = usage_chunk.iter().map(json_event).collect();
+    out.push(Event::default().data("[DONE]"));
+    out
 }
 
 /// Submits `n` copies of each request (distinct seeds when one is given).
@@ -139,12 +161,6 @@ fn chat_logprobs(lps: &[TokenLogprobs], vocab: &dyn sipp::runtime::Vocab) -> Cha
     }
 }
 
-fn record_ttft(state: &AppState, model: &str, c: &Completion) {
-    if c.stats.generated_tokens > 0 {
-        state.metrics.record_ttft(model, c.stats.ttft_ms / 1000.0);
-    }
-}
-
 /// POST /v1/completions.
 pub async fn completions(
     State(state): State<AppState>,
@@ -213,9 +229,9 @@ pub async fn completions(
     let created = now_secs();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let done: Arc<Mutex<Vec<(usize, Completion)>>> = Arc::new(Mutex::new(Vec::new()));
-        let (id2, model2, model_tail, done2) =
-            (id.clone(), model.clone(), model.clone(), done.clone());
+        let usage = StreamUsage::default();
+        let (id2, model2, model_tail, usage2) =
+            (id.clone(), model.clone(), model.clone(), usage.clone());
         let chunk = move |index: usize,
                           text: String,
                           logprobs: Option<CompletionLogprobs>,
@@ -252,32 +268,23 @@ pub async fn completions(
                     vec![json_event(&chunk(i, text, lp, None))]
                 }
                 StreamItem::Finished(i, c) => {
-                    record_ttft(&st, &model2, &c);
+                    st.metrics.record_ttft(&model2, &c.stats);
+                    usage2.record(i, c.usage);
                     let reason = c.finish_reason.openai_name().to_string();
-                    if let Ok(mut d) = done2.lock() {
-                        d.push((i, c));
-                    }
                     vec![json_event(&chunk(i, String::new(), None, Some(reason)))]
                 }
                 StreamItem::Failed(_, e) => vec![json_event(&e.body())],
             }
         };
         let tail = move || {
-            let mut out = Vec::new();
-            if include_usage {
-                let d = done.lock().map(|d| d.clone()).unwrap_or_default();
-                let refs: Vec<(usize, &Completion)> = d.iter().map(|(i, c)| (*i, c)).collect();
-                out.push(json_event(&CompletionResponse {
-                    id: id2,
-                    object: "text_completion".into(),
-                    created,
-                    model: model_tail,
-                    choices: Vec::new(),
-                    usage: Some(usage_body(&refs, n)),
-                }));
-            }
-            out.push(Event::default().data("[DONE]"));
-            out
+            stream_end(include_usage.then(|| CompletionResponse {
+                id: id2,
+                object: "text_completion".into(),
+                created,
+                model: model_tail,
+                choices: Vec::new(),
+                usage: Some(usage.body(n)),
+            }))
         };
         return Ok(sse(handles, render, tail).into_response());
     }
@@ -287,7 +294,7 @@ pub async fn completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            record_ttft(&state, &model, c);
+            state.metrics.record_ttft(&model, &c.stats);
             let prefix = &echoes[i / n];
             CompletionChoice {
                 index: i,
@@ -298,14 +305,16 @@ pub async fn completions(
             }
         })
         .collect();
-    let refs: Vec<(usize, &Completion)> = completions.iter().enumerate().collect();
     Ok(Json(CompletionResponse {
         id,
         object: "text_completion".into(),
         created,
         model,
         choices,
-        usage: Some(usage_body(&refs, n)),
+        usage: Some(usage_body(
+            completions.iter().map(|c| c.usage).enumerate(),
+            n,
+        )),
     })
     .into_response())
 }
@@ -370,8 +379,8 @@ pub async fn chat_completions(
     let vocab = engine.vocab().clone();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let done: Arc<Mutex<Vec<(usize, Completion)>>> = Arc::new(Mutex::new(Vec::new()));
-        let done2 = done.clone();
+        let usage = StreamUsage::default();
+        let usage2 = usage.clone();
         let (id2, model2) = (id.clone(), model.clone());
         let chunk = move |index: usize,
                           delta: ResponseMessage,
@@ -423,11 +432,9 @@ pub async fn chat_completions(
                     }
                 }
                 StreamItem::Finished(i, c) => {
-                    record_ttft(&st, &model3, &c);
+                    st.metrics.record_ttft(&model3, &c.stats);
+                    usage2.record(i, c.usage);
                     let reason = c.finish_reason.openai_name().to_string();
-                    if let Ok(mut d) = done2.lock() {
-                        d.push((i, c));
-                    }
                     out.push(json_event(&chunk(
                         i,
                         ResponseMessage::default(),
@@ -440,21 +447,14 @@ pub async fn chat_completions(
             out
         };
         let tail = move || {
-            let mut out = Vec::new();
-            if include_usage {
-                let d = done.lock().map(|d| d.clone()).unwrap_or_default();
-                let refs: Vec<(usize, &Completion)> = d.iter().map(|(i, c)| (*i, c)).collect();
-                out.push(json_event(&ChatCompletionResponse {
-                    id: id2,
-                    object: "chat.completion.chunk".into(),
-                    created,
-                    model: model2,
-                    choices: Vec::new(),
-                    usage: Some(usage_body(&refs, n)),
-                }));
-            }
-            out.push(Event::default().data("[DONE]"));
-            out
+            stream_end(include_usage.then(|| ChatCompletionResponse {
+                id: id2,
+                object: "chat.completion.chunk".into(),
+                created,
+                model: model2,
+                choices: Vec::new(),
+                usage: Some(usage.body(n)),
+            }))
         };
         return Ok(sse(handles, render, tail).into_response());
     }
@@ -463,7 +463,7 @@ pub async fn chat_completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            record_ttft(&state, &model, c);
+            state.metrics.record_ttft(&model, &c.stats);
             ChatChoice {
                 index: i,
                 message: Some(ResponseMessage {
@@ -476,14 +476,16 @@ pub async fn chat_completions(
             }
         })
         .collect();
-    let refs: Vec<(usize, &Completion)> = completions.iter().enumerate().collect();
     Ok(Json(ChatCompletionResponse {
         id,
         object: "chat.completion".into(),
         created,
         model,
         choices,
-        usage: Some(usage_body(&refs, n)),
+        usage: Some(usage_body(
+            completions.iter().map(|c| c.usage).enumerate(),
+            n,
+        )),
     })
     .into_response())
 }

@@ -134,17 +134,6 @@ fn openai_options(
     )
 }
 
-fn usage_body(u: Usage) -> oa::UsageBody {
-    oa::UsageBody {
-        prompt_tokens: u.prompt_tokens,
-        completion_tokens: u.completion_tokens,
-        total_tokens: u.prompt_tokens + u.completion_tokens,
-        prompt_tokens_details: Some(oa::PromptTokensDetails {
-            cached_tokens: u.cached_tokens,
-        }),
-    }
-}
-
 fn openai_reason(r: &str) -> String {
     match r {
         "eos" => "stop".into(),
@@ -263,11 +252,7 @@ pub async fn completions(
                     None,
                 ))];
                 if include_usage {
-                    v.push(json_event(&c2(
-                        String::new(),
-                        None,
-                        Some(usage_body(r.usage)),
-                    )));
+                    v.push(json_event(&c2(String::new(), None, Some(r.usage.into()))));
                 }
                 v
             },
@@ -276,7 +261,7 @@ pub async fn completions(
     }
     let resp = run.response().await?;
     let reason = openai_reason(&resp.finish_reason);
-    Ok(Json(chunk(resp.text, Some(reason), Some(usage_body(resp.usage)))).into_response())
+    Ok(Json(chunk(resp.text, Some(reason), Some(resp.usage.into()))).into_response())
 }
 
 /// /v1/chat/completions on a remote target.
@@ -365,7 +350,7 @@ pub async fn chat_completions(
                     v.push(json_event(&c2(
                         "chat.completion.chunk",
                         None,
-                        Some(usage_body(r.usage)),
+                        Some(r.usage.into()),
                     )));
                 }
                 v
@@ -387,7 +372,7 @@ pub async fn chat_completions(
     Ok(Json(chunk(
         "chat.completion",
         Some(choice),
-        Some(usage_body(resp.usage)),
+        Some(resp.usage.into()),
     ))
     .into_response())
 }

@@ -239,6 +239,19 @@ pub struct UsageBody {
     pub prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
+impl From<crate::engine::Usage> for UsageBody {
+    fn from(u: crate::engine::Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.total_tokens(),
+            prompt_tokens_details: Some(PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            }),
+        }
+    }
+}
+
 /// `usage.prompt_tokens_details`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromptTokensDetails {
