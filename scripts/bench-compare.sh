@@ -34,7 +34,6 @@ case "$MODE" in
   single) stats "sipp run decode tok/s" "${a[@]}"; stats "llama-bench tg128 tok/s" "${b[@]}" ;;
   batched) stats "sipp lockstep x8 decode tok/s" "${a[@]}"; stats "llama-batched-bench S_TG B=8" "${b[@]}"; stats "llama-batched-bench -kvu S_TG B=8" "${u[@]}" ;;
 esac
-python3 -c 'import sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("ratio sipp/llama.cpp: best %.3f, median %.3f" % (max(a)/max(b), sorted(a)[len(a)//2]/sorted(b)[len(b)//2]))' "${a[*]}" "${b[*]}"
-if [ "$MODE" = batched ]; then
-  python3 -c 'import sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("ratio sipp/llama.cpp -kvu: best %.3f, median %.3f" % (max(a)/max(b), sorted(a)[len(a)//2]/sorted(b)[len(b)//2]))' "${a[*]}" "${u[*]}"
-fi
+ratio() { python3 -c 'import sys; a=[float(x) for x in sys.argv[2].split()]; b=[float(x) for x in sys.argv[3].split()]; print("ratio %s: best %.3f, median %.3f" % (sys.argv[1], max(a)/max(b), sorted(a)[len(a)//2]/sorted(b)[len(b)//2]))' "$@"; }
+ratio "sipp/llama.cpp" "${a[*]}" "${b[*]}"
+if [ "$MODE" = batched ]; then ratio "sipp/llama.cpp -kvu" "${a[*]}" "${u[*]}"; fi

@@ -86,8 +86,8 @@ fn main() {
                     .ok()
                     .and_then(|g| LlamaSampler::grammar(&model, &g, "root").ok())
             } else {
-                TopLevelGrammar::from_json_schema(schema.clone())
-                    .pipe(|g| factory.create_parser(g))
+                factory
+                    .create_parser(TopLevelGrammar::from_json_schema(schema.clone()))
                     .ok()
                     .map(|p| LlamaSampler::from(Matcher::new(Ok(p))))
             };
@@ -152,10 +152,3 @@ fn main() {
         );
     }
 }
-
-trait Pipe: Sized {
-    fn pipe<R>(self, f: impl FnOnce(Self) -> R) -> R {
-        f(self)
-    }
-}
-impl<T> Pipe for T {}
