@@ -241,6 +241,15 @@ fn completions_chat_embeddings_models_and_native_profile() {
     assert!(m.contains("route=\"/v1/completions\""), "{m}");
 }
 
+/// A client for requests that are slow by design (the test keeps them running
+/// while it fills the queue): reqwest's 30 s default is not about behaviour.
+fn patient() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .expect("client")
+}
+
 #[test]
 fn errors_are_openai_shaped_with_the_right_status() {
     let s = Server::start(&["--ctx-size", "256", "--parallel", "1", "--max-queue", "1"]);
@@ -333,7 +342,7 @@ fn errors_are_openai_shaped_with_the_right_status() {
         let url = s.url("/v1/completions");
         let body = long.clone();
         move || {
-            Client::new()
+            patient()
                 .post(url)
                 .json(&body)
                 .send()
@@ -348,7 +357,7 @@ fn errors_are_openai_shaped_with_the_right_status() {
         let url = s.url("/v1/completions");
         let body = long.clone();
         move || {
-            Client::new()
+            patient()
                 .post(url)
                 .json(&body)
                 .send()
@@ -455,6 +464,7 @@ fn health_is_503_while_loading_and_sigterm_drains() {
         .output()
         .expect("fetch");
     assert!(fetch.status.success());
+    let _turn = common::ServerTurn::take();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sipp"))
         .args(["serve", "--port", "0", "--shutdown-grace", "30"])
         .stderr(std::process::Stdio::piped())
@@ -492,13 +502,26 @@ fn health_is_503_while_loading_and_sigterm_drains() {
     // A request in flight when SIGTERM arrives still completes.
     let url = format!("{base}/v1/completions");
     let inflight = std::thread::spawn(move || {
-        Client::new()
+        patient()
             .post(url)
-            .json(&json!({"prompt": "Tell me a story", "max_tokens": 60, "ignore_eos": true}))
+            .json(&json!({"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": true}))
             .send()
             .and_then(|r| r.json::<Value>())
     });
-    std::thread::sleep(Duration::from_millis(150));
+    // SIGTERM once the request holds a slot (the metric counts busy slots).
+    let metrics = format!("{base}/metrics");
+    assert!(eventually(Duration::from_secs(30), || {
+        Client::new()
+            .get(&metrics)
+            .send()
+            .and_then(|r| r.text())
+            .map(|m| {
+                m.lines()
+                    .filter(|l| l.starts_with("sipp_busy_slots{"))
+                    .any(|l| !l.ends_with(" 0"))
+            })
+            .unwrap_or(false)
+    }));
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -509,7 +532,7 @@ fn health_is_503_while_loading_and_sigterm_drains() {
         .join()
         .expect("thread")
         .expect("in-flight request answered");
-    assert_eq!(v["usage"]["completion_tokens"], 60, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 200, "{v}");
     let status = child.wait().expect("exits");
     assert!(status.success(), "{status}");
 }

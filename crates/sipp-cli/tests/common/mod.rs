@@ -1,16 +1,62 @@
 //! Starts the real `sipp serve` on a loopback port for tests.
 #![allow(dead_code)]
 
+use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// One test at a time runs servers. Each server decodes with 2 threads, as many
+/// as the machine has cores; two tests running servers side by side would
+/// oversubscribe the cores, and llama.cpp's spinning thread pools then slow
+/// each other down by orders of magnitude (a CI run saw a 200-token request
+/// take over 30 s). A test that starts several servers (a gateway and its
+/// upstream) holds the lock once.
+static SERVERS: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// This thread's live servers and, while there are any, the lock.
+    static HELD: RefCell<(usize, Option<MutexGuard<'static, ()>>)> = const { RefCell::new((0, None)) };
+}
+
+/// This thread's claim on running servers; a test that spawns `sipp serve`
+/// itself holds one for as long as the process lives.
+pub struct ServerTurn(());
+
+impl ServerTurn {
+    /// Waits until no other test runs a server.
+    pub fn take() -> ServerTurn {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.0 == 0 {
+                h.1 = Some(SERVERS.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+            h.0 += 1;
+        });
+        ServerTurn(())
+    }
+}
+
+impl Drop for ServerTurn {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            h.0 -= 1;
+            if h.0 == 0 {
+                h.1 = None;
+            }
+        });
+    }
+}
 
 /// A running server; killed on drop.
 pub struct Server {
     pub child: Child,
     pub base: String,
     pub log: Arc<Mutex<String>>,
+    /// Released after the process is killed (fields drop after `drop`).
+    _turn: ServerTurn,
 }
 
 impl Server {
@@ -21,6 +67,7 @@ impl Server {
 
     /// Like [`Server::start`], with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let turn = ServerTurn::take();
         let fetch = Command::new(env!("CARGO_BIN_EXE_sipp"))
             .args(["models", "fetch", "default"])
             .output()
@@ -67,7 +114,12 @@ impl Server {
         let base = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("server printed its address");
-        let server = Server { child, base, log };
+        let server = Server {
+            child,
+            base,
+            log,
+            _turn: turn,
+        };
         server.wait_healthy();
         server
     }
