@@ -508,19 +508,9 @@ fn health_is_503_while_loading_and_sigterm_drains() {
             .send()
             .and_then(|r| r.json::<Value>())
     });
-    // SIGTERM once the request holds a slot (the metric counts busy slots).
-    let metrics = format!("{base}/metrics");
+    // SIGTERM once the request holds a slot.
     assert!(eventually(Duration::from_secs(30), || {
-        Client::new()
-            .get(&metrics)
-            .send()
-            .and_then(|r| r.text())
-            .map(|m| {
-                m.lines()
-                    .filter(|l| l.starts_with("sipp_busy_slots{"))
-                    .any(|l| !l.ends_with(" 0"))
-            })
-            .unwrap_or(false)
+        common::metric_at(&base, "sipp_busy_slots{", None).unwrap_or(0.0) >= 1.0
     }));
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill")

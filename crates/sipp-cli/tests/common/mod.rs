@@ -157,16 +157,22 @@ impl Server {
 
     /// [`Server::metric`] on a server that requires an API key.
     pub fn metric_with_key(&self, prefix: &str, key: Option<&str>) -> Option<f64> {
-        let mut req = reqwest::blocking::Client::new().get(self.url("/metrics"));
-        if let Some(k) = key {
-            req = req.bearer_auth(k);
-        }
-        let text = req.send().ok()?.text().ok()?;
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
+        metric_at(&self.base, prefix, key)
     }
+}
+
+/// A metric's value from the /metrics of the server at `base` (first sample
+/// whose line starts with `prefix`).
+pub fn metric_at(base: &str, prefix: &str, key: Option<&str>) -> Option<f64> {
+    let mut req = reqwest::blocking::Client::new().get(format!("{base}/metrics"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let text = req.send().ok()?.text().ok()?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }
 
 impl Drop for Server {
