@@ -11,7 +11,7 @@ fn the_openai_python_client_works_against_sipp() {
     let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
     let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let script = common::manifest_dir().join("tests/openai_client.py");
     let out = std::process::Command::new(&python)
         .arg(&script)
         .arg(&s.base)

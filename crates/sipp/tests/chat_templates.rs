@@ -4,12 +4,14 @@
 //! `render_jinja_template` (the code behind `apply_chat_template`); the last
 //! test re-runs that script to show the file is current.
 
+mod common;
+
 use std::path::PathBuf;
 
 use sipp::chat::{ChatError, ChatMessage, ChatTemplate};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat")
+    common::manifest_dir().join("tests/fixtures/chat")
 }
 
 fn load(name: &str) -> serde_json::Value {
@@ -58,7 +60,7 @@ fn every_template_matches_transformers() {
 #[test]
 fn golden_file_is_what_transformers_renders_now() {
     let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/chat_golden.py");
+    let script = common::manifest_dir().join("../../scripts/chat_golden.py");
     let out = std::process::Command::new(&python)
         .arg(&script)
         .arg(fixtures())

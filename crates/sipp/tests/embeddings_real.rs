@@ -57,8 +57,7 @@ fn minilm_matches_an_independent_numpy_reference() {
     let e = minilm(4);
     let ckpt = sipp::models::checkpoint_dir(&sipp::models::MINILM);
     let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/minilm_reference.py");
+    let script = common::manifest_dir().join("../../scripts/minilm_reference.py");
     let mut child = std::process::Command::new(&python)
         .arg(&script)
         .arg(&ckpt)

@@ -72,3 +72,11 @@ pub fn assert_same_up_to_near_tie(
     );
     Some(gap)
 }
+
+/// This crate's folder. `cargo test` sets `CARGO_MANIFEST_DIR` when it runs a
+/// test; read at run time it names the checkout being tested even when the
+/// binary was compiled from another checkout into a shared target directory.
+pub fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
+}
