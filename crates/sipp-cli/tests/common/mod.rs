@@ -1,52 +1,29 @@
 //! Starts the real `sipp serve` on a loopback port for tests.
 #![allow(dead_code)]
 
-use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 
 /// One test at a time runs servers. Each server decodes with 2 threads, as many
 /// as the machine has cores; two tests running servers side by side would
 /// oversubscribe the cores, and llama.cpp's spinning thread pools then slow
 /// each other down by orders of magnitude (a CI run saw a 200-token request
-/// take over 30 s). A test that starts several servers (a gateway and its
-/// upstream) holds the lock once.
-static SERVERS: Mutex<()> = Mutex::new(());
-
-thread_local! {
-    /// This thread's live servers and, while there are any, the lock.
-    static HELD: RefCell<(usize, Option<MutexGuard<'static, ()>>)> = const { RefCell::new((0, None)) };
-}
+/// take over 30 s). Re-entrant, so a test that starts several servers (a
+/// gateway and its upstream) holds it once.
+static SERVERS: ReentrantMutex<()> = parking_lot::const_reentrant_mutex(());
 
 /// This thread's claim on running servers; a test that spawns `sipp serve`
 /// itself holds one for as long as the process lives.
-pub struct ServerTurn(());
+pub struct ServerTurn(ReentrantMutexGuard<'static, ()>);
 
 impl ServerTurn {
     /// Waits until no other test runs a server.
     pub fn take() -> ServerTurn {
-        HELD.with(|h| {
-            let mut h = h.borrow_mut();
-            if h.0 == 0 {
-                h.1 = Some(SERVERS.lock().unwrap_or_else(|e| e.into_inner()));
-            }
-            h.0 += 1;
-        });
-        ServerTurn(())
-    }
-}
-
-impl Drop for ServerTurn {
-    fn drop(&mut self) {
-        HELD.with(|h| {
-            let mut h = h.borrow_mut();
-            h.0 -= 1;
-            if h.0 == 0 {
-                h.1 = None;
-            }
-        });
+        ServerTurn(SERVERS.lock())
     }
 }
 
