@@ -1,18 +1,77 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need (Debian packages, Python packages, models)
 # and runs the whole test suite: unit, property and integration tests, the
-# examples, and the documentation build. Safe to repeat.
+# examples, the fuzz targets and the documentation build. Safe to repeat.
+#
+# Every stage runs even when an earlier one failed (a failing test binary does
+# not hide the fuzz run or the doc build); each stage is timed, and the last
+# line names the failed stages, with a non-zero exit if there are any.
 source "$(dirname "$0")/env.sh"
-ensure_system_packages
-ensure_python_packages
+set +e
 cd "$(sipp_root)"
-cargo build --release --workspace --bins --examples --quiet
-"$(sipp_bin)" models fetch default minilm >/dev/null
-cargo test --release --workspace --quiet "$@"
-# The query example runs against the default model.
-"$CARGO_TARGET_DIR/release/examples/query" "The capital of France is" | grep -q Paris
+
+FAILED=()
+TIMES=()
+SUITE_START=$SECONDS
+
+# stage NAME COMMAND...: runs one stage, records its time and outcome.
+# SIPP_SKIP_STAGES="fuzz docs" leaves stages out (scripts/test-other-kernels.sh).
+stage() {
+  local name=$1
+  shift
+  if [[ " ${SIPP_SKIP_STAGES:-} " == *" $name "* ]]; then
+    echo "== stage $name skipped" >&2
+    return
+  fi
+  local start=$SECONDS
+  echo "== stage $name" >&2
+  ( set -eo pipefail; "$@" )
+  local rc=$?
+  local took=$((SECONDS - start))
+  TIMES+=("$name ${took}s")
+  if [ $rc -ne 0 ]; then
+    FAILED+=("$name")
+    echo "== stage $name FAILED (exit $rc) after ${took}s" >&2
+  else
+    echo "== stage $name ok after ${took}s" >&2
+  fi
+}
+
+setup() {
+  ensure_system_packages
+  ensure_python_packages
+}
+build() { cargo build --release --workspace --bins --examples --quiet; }
+models() { "$(sipp_bin)" models fetch default minilm >/dev/null; }
+# --no-fail-fast: every test binary runs even when one fails.
+tests() { cargo test --release --workspace --quiet --no-fail-fast "$@"; }
+# The query example runs against the default model. The prompt is chosen so
+# the answer is decisive: the model's most likely next token is " Paris" by a
+# wide margin on every kernel set checked (see scripts/test-other-kernels.sh).
+query_example() {
+  local out
+  out=$("$CARGO_TARGET_DIR/release/examples/query" "The capital of France is")
+  echo "query example: $out"
+  grep -q Paris <<<"$out"
+}
 # Every fuzz target briefly, seeded from the committed corpus.
-scripts/fuzz.sh "${SIPP_FUZZ_SECS:-20}"
+fuzz() { scripts/fuzz.sh "${SIPP_FUZZ_SECS:-20}"; }
 # Rustdoc on every public item, without warnings.
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet -p sipp-rs -p sipp-server
+docs() { RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet -p sipp-rs -p sipp-server; }
+
+stage setup setup
+# The test venv's Python for the tests that drive official clients.
+export SIPP_PYTHON="$SIPP_VENV/bin/python"
+stage build build
+stage models models
+stage tests tests "$@"
+stage query-example query_example
+stage fuzz fuzz
+stage docs docs
+
+echo "stage times: ${TIMES[*]}; total $((SECONDS - SUITE_START))s"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED stages: ${FAILED[*]}"
+  exit 1
+fi
 echo "all tests passed"

@@ -112,10 +112,12 @@ fn two_turns_then_ctrl_c_returns_to_the_prompt() {
     let (first_prompt, first_cached) = stats_line(&transcript, 0);
     let (second_prompt, second_cached) = stats_line(&transcript, 1);
     assert_eq!(first_cached, 0);
-    // The second turn carries the first (question and answer) and reuses its KV.
+    // The second turn carries the first (question and answer) and reuses its KV:
+    // all of the first prompt but perhaps its last token, the header's "\n",
+    // which may merge with a leading newline of the answer when retokenized.
     assert!(second_prompt > first_prompt + 10, "{transcript}");
     assert!(
-        second_cached >= first_prompt,
+        second_cached + 1 >= first_prompt,
         "second turn reused {second_cached} of {first_prompt}: {transcript}"
     );
     let (_, after) = transcript

@@ -47,8 +47,15 @@ model = "default"
         .as_str()
         .expect("text")
         .is_empty());
-    assert_eq!(v["usage"]["completion_tokens"], 8);
-    // Streaming passes through.
+    // The gateway refuses ignore_eos for a remote target, so the model may end
+    // early; "length" means all 8 tokens were made.
+    let n = v["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(n <= 8, "{v}");
+    if v["choices"][0]["finish_reason"] == "length" {
+        assert_eq!(n, 8, "{v}");
+    }
+    // Streaming passes through. The greedy first token of this raw prompt is
+    // " Paris" on every kernel set.
     let body = c
         .post(gw.url("/v1/completions"))
         .json(&json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": true}))

@@ -9,6 +9,8 @@ use std::time::Duration;
 use common::{eventually, two_model_config, Server};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
+use sipp::sampling::JsonBounds;
+use sipp::text::is_json_prefix;
 
 fn post(client: &Client, s: &Server, path: &str, body: Value) -> (u16, Value) {
     let r = client
@@ -46,12 +48,13 @@ fn completions_chat_embeddings_models_and_native_profile() {
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
     let c = Client::new();
 
-    // Completions, non-streamed, with logprobs and n = 2.
+    // Completions, non-streamed, with logprobs and n = 2. ignore_eos makes
+    // both choices run the full 8 tokens.
     let (st, v) = post(
         &c,
         &s,
         "/v1/completions",
-        json!({"model": "smol", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "logprobs": 2, "n": 2}),
+        json!({"model": "smol", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "ignore_eos": true, "logprobs": 2, "n": 2}),
     );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["object"], "text_completion");
@@ -123,20 +126,48 @@ fn completions_chat_embeddings_models_and_native_profile() {
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
 
-    // JSON mode through response_format.
+    // JSON mode through response_format, within json_bounds: max_tokens at
+    // least the longest object the bounds allow, so the object always closes.
+    let bounds = JsonBounds {
+        max_string_chars: 12,
+        max_object_members: 3,
+        max_array_items: 3,
+        max_depth: 1,
+    };
+    let longest = bounds.json_object_max_bytes().expect("bounded");
+    // Patient: the worst case is hundreds of constrained tokens.
     let (st, v) = post(
-        &c,
+        &patient(),
         &s,
         "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "Describe a cat in JSON"}], "max_tokens": 200, "temperature": 0, "response_format": {"type": "json_object"}}),
+        json!({"messages": [{"role": "user", "content": "Describe a cat in JSON"}], "max_tokens": longest, "temperature": 0, "response_format": {"type": "json_object"}, "json_bounds": bounds}),
     );
     assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     let content = v["choices"][0]["message"]["content"]
         .as_str()
         .expect("content");
     assert!(serde_json::from_str::<Value>(content)
         .expect("valid JSON")
         .is_object());
+    // With the target's bounds and a short max_tokens the object may be cut,
+    // but what was written is always the start of valid JSON.
+    let (st, v) = post(
+        &c,
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Describe a cat in JSON"}], "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(is_json_prefix(content), "{v}");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(serde_json::from_str::<Value>(content)
+            .expect("valid JSON")
+            .is_object());
+    }
 
     // Embeddings, float and base64.
     let (st, v) = post(
@@ -252,7 +283,8 @@ fn patient() -> Client {
 
 #[test]
 fn errors_are_openai_shaped_with_the_right_status() {
-    let s = Server::start(&["--ctx-size", "256", "--parallel", "1", "--max-queue", "1"]);
+    // Room for long requests below, which must outlast the queue-full steps.
+    let s = Server::start(&["--ctx-size", "1024", "--parallel", "1", "--max-queue", "1"]);
     let c = Client::new();
     // Bad JSON.
     let r = c
@@ -295,12 +327,12 @@ fn errors_are_openai_shaped_with_the_right_status() {
         &c,
         &s,
         "/v1/completions",
-        json!({"prompt": "word ".repeat(400)}),
+        json!({"prompt": "word ".repeat(2000)}),
     );
     assert_eq!(st, 400);
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert!(
-        v["error"]["message"].as_str().expect("m").contains("256"),
+        v["error"]["message"].as_str().expect("m").contains("1024"),
         "{v}"
     );
     // Negative max_tokens, bad top_p, empty messages, unknown route.
@@ -337,7 +369,8 @@ fn errors_are_openai_shaped_with_the_right_status() {
     assert_eq!(r.status(), 413);
     assert_openai_error(&r.json().expect("json"), "invalid_request_error");
     // Queue full: one slot busy, one waiting, the third is refused at once.
-    let long = json!({"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": true, "temperature": 0});
+    // 1000 tokens without EOS take seconds even on a fast machine.
+    let long = json!({"prompt": "Tell me a story", "max_tokens": 1000, "ignore_eos": true, "temperature": 0});
     let a = std::thread::spawn({
         let url = s.url("/v1/completions");
         let body = long.clone();
@@ -466,7 +499,7 @@ fn health_is_503_while_loading_and_sigterm_drains() {
     assert!(fetch.status.success());
     let _turn = common::ServerTurn::take();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sipp"))
-        .args(["serve", "--port", "0", "--shutdown-grace", "30"])
+        .args(["serve", "--port", "0", "--shutdown-grace", "120"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
@@ -499,12 +532,13 @@ fn health_is_503_while_loading_and_sigterm_drains() {
             .map(|r| r.status() == 200)
             .unwrap_or(false)
     }));
-    // A request in flight when SIGTERM arrives still completes.
+    // A request in flight when SIGTERM arrives still completes. 1000 tokens
+    // outlast the polling below on a fast machine and fit the grace on a slow one.
     let url = format!("{base}/v1/completions");
     let inflight = std::thread::spawn(move || {
         patient()
             .post(url)
-            .json(&json!({"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": true}))
+            .json(&json!({"prompt": "Tell me a story", "max_tokens": 1000, "ignore_eos": true}))
             .send()
             .and_then(|r| r.json::<Value>())
     });
@@ -522,7 +556,7 @@ fn health_is_503_while_loading_and_sigterm_drains() {
         .join()
         .expect("thread")
         .expect("in-flight request answered");
-    assert_eq!(v["usage"]["completion_tokens"], 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 1000, "{v}");
     let status = child.wait().expect("exits");
     assert!(status.success(), "{status}");
 }

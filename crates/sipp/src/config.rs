@@ -12,6 +12,9 @@
 //! [sampling]
 //! temperature = 0.7
 //!
+//! [sampling.json_bounds]      # JSON mode and open schemas (0 turns a bound off)
+//! max_string_chars = 256
+//!
 //! [cache]
 //! mode = "shared_prefix"
 //! ```
@@ -351,9 +354,15 @@ mod tests {
     #[test]
     fn toml_overrides_only_named_fields() {
         let cfg = NativeRuntimeConfig::from_toml(
-            "[context]\nn_ctx = 1024\n[cache]\nmode = \"off\"\n[sampling]\ntemperature = 0.5\n",
+            "[context]\nn_ctx = 1024\n[cache]\nmode = \"off\"\n[sampling]\ntemperature = 0.5\n\
+             [sampling.json_bounds]\nmax_string_chars = 0\n",
         )
         .expect("parses");
+        assert_eq!(cfg.sampling.json_bounds.max_string_chars, 0);
+        assert_eq!(
+            cfg.sampling.json_bounds.max_array_items,
+            crate::sampling::JsonBounds::default().max_array_items
+        );
         assert_eq!(cfg.context.n_ctx, 1024);
         assert_eq!(cfg.context.n_batch, 512);
         assert_eq!(cfg.cache.mode, CacheMode::Off);

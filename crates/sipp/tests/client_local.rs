@@ -30,6 +30,8 @@ async fn query_chat_stream_and_cancel() {
         .max_tokens(8)
         .temperature(0.0);
     q.options.local.logprobs = Some(2);
+    // Counts below hold only if nothing can end the run early.
+    q.options.local.ignore_eos = true;
     let r = c
         .query("local", q)
         .await

@@ -399,14 +399,20 @@ async fn validation_happens_before_anything_is_sent() {
     };
     let cases: Vec<(&str, ChatRequest, &str)> = vec![
         (
-            "gw",
+            "pv",
             local_only(|r| r.options.local.context_key = Some("k".into())),
             "context_key",
         ),
         (
-            "gw",
+            "pv",
             local_only(|r| r.options.local.grammar = Some("root ::= \"a\"".into())),
             "grammar",
+        ),
+        // A gateway carries every engine option but log-probabilities.
+        (
+            "gw",
+            local_only(|r| r.options.local.logprobs = Some(2)),
+            "logprobs",
         ),
         (
             "pv",

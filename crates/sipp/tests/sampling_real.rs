@@ -4,8 +4,11 @@ mod common;
 
 use common::engine_with;
 use serde_json::json;
-use sipp::engine::{Completion, Engine, GenerateRequest};
-use sipp::sampling::{BiasTarget, LogitBias, OutputConstraint, SamplingParams};
+use sipp::chat::ChatMessage;
+use sipp::engine::{Completion, Engine, GenerateRequest, RequestEvent};
+use sipp::text::FinishReason;
+use sipp::sampling::{BiasTarget, JsonBounds, LogitBias, OutputConstraint, SamplingParams};
+use sipp::text::is_json_prefix;
 
 fn run(e: &Engine, req: GenerateRequest) -> Completion {
     e.generate(req)
@@ -104,6 +107,43 @@ fn schemas() -> Vec<(&'static str, serde_json::Value)> {
     ]
 }
 
+/// Runs a request, checking at every delta that the text so far is the start
+/// of a JSON document (what a constrained stream guarantees, even when cut).
+fn run_checking_json_prefix(e: &Engine, req: GenerateRequest, what: &str) -> Completion {
+    let mut h = e.generate(req).expect("submit");
+    let mut text = String::new();
+    while let Some(ev) = h.blocking_next_event() {
+        match ev {
+            RequestEvent::Delta(d) => {
+                text.push_str(&d.text);
+                assert!(is_json_prefix(&text), "{what}: not a JSON prefix: {text:?}");
+            }
+            RequestEvent::Finished(c) => {
+                assert_eq!(c.text, text, "{what}: the deltas add up to the text");
+                return c;
+            }
+            RequestEvent::Failed(err) => panic!("{what}: {err}"),
+            _ => {}
+        }
+    }
+    panic!("{what}: no final event")
+}
+
+/// Asserts the guarantee of schema-constrained output: a JSON prefix always,
+/// and, when the model ended it (not `max_tokens`), valid against the schema.
+fn assert_schema_guarantee(what: &str, schema: &serde_json::Value, c: &Completion) {
+    assert!(is_json_prefix(&c.text), "{what}: not a JSON prefix: {:?}", c.text);
+    if c.finish_reason == FinishReason::Length {
+        return;
+    }
+    let value: serde_json::Value = serde_json::from_str(c.text.trim()).unwrap_or_else(|err| {
+        panic!("{what}: ended by itself but is not JSON ({err}): {:?}", c.text)
+    });
+    let validator = jsonschema::validator_for(schema).expect("schema compiles");
+    let errors: Vec<String> = validator.iter_errors(&value).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{what}: {value} violates its schema: {errors:?}");
+}
+
 #[test]
 fn json_schema_outputs_validate() {
     let e = engine_with(4, |_| {});
@@ -123,38 +163,96 @@ fn json_schema_outputs_validate() {
         .collect();
     for ((prompt, schema), h) in cases.iter().zip(handles) {
         let c = h.blocking_completion().expect("completes");
-        let value: serde_json::Value = serde_json::from_str(c.text.trim()).unwrap_or_else(|err| {
-            panic!(
-                "{prompt}: output is not JSON ({err}): {:?} ({:?})",
-                c.text, c.finish_reason
-            )
-        });
-        let validator = jsonschema::validator_for(schema).expect("schema compiles");
-        let errors: Vec<String> = validator
-            .iter_errors(&value)
-            .map(|e| e.to_string())
-            .collect();
-        assert!(
-            errors.is_empty(),
-            "{prompt}: {value} violates its schema: {errors:?}"
-        );
+        assert_schema_guarantee(prompt, schema, &c);
     }
 }
 
+/// Open schemas as users write them (no maxLength, no maxItems) and JSON-mode
+/// prompts, sampled: under the default JSON bounds every stream is a JSON
+/// prefix and every output the model ended is valid against the schema.
 #[test]
-fn json_mode_gives_an_object() {
-    let e = engine_with(1, |_| {});
-    let c = run(
-        &e,
-        GenerateRequest {
-            max_tokens: Some(300),
-            constraint: Some(OutputConstraint::JsonObject),
-            ..GenerateRequest::new("Describe a cat in JSON:").greedy()
-        },
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(c.text.trim()).unwrap_or_else(|err| panic!("{err}: {:?}", c.text));
-    assert!(v.is_object(), "{v}");
+fn open_schemas_stream_json_prefixes_and_validate_when_finished() {
+    let e = engine_with(4, |_| {});
+    let fixture = common::manifest_dir().join("tests/fixtures/open_schemas.json");
+    let cases: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture).expect("fixture")).expect("json");
+    assert!(cases.len() >= 20);
+    for (i, case) in cases.iter().enumerate() {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let (constraint, schema) = match &case["schema"] {
+            serde_json::Value::Null => (OutputConstraint::JsonObject, json!({"type": "object"})),
+            s => (OutputConstraint::JsonSchema(s.clone()), s.clone()),
+        };
+        let req = GenerateRequest {
+            max_tokens: Some(160),
+            constraint: Some(constraint),
+            sampling: Some(SamplingParams {
+                temperature: 0.7,
+                seed: Some(i as u32),
+                ..SamplingParams::default()
+            }),
+            ..GenerateRequest::new(e.chat_prompt(&[ChatMessage::user(prompt)]).expect("template"))
+        };
+        let c = run_checking_json_prefix(&e, req, prompt);
+        assert_schema_guarantee(prompt, &schema, &c);
+    }
+}
+
+/// JSON mode under bounds has a longest possible output; with `max_tokens` at
+/// that length every request ends by itself with an object within the bounds,
+/// on any machine, whatever the model says.
+#[test]
+fn bounded_json_mode_always_ends_with_an_object_within_the_bounds() {
+    let e = engine_with(4, |c| c.context.n_ctx = 8192);
+    let bounds = JsonBounds {
+        max_string_chars: 16,
+        max_object_members: 4,
+        max_array_items: 4,
+        max_depth: 2,
+    };
+    let longest = bounds.json_object_max_bytes().expect("bounded");
+    assert!(longest < 6000, "{longest}");
+    let prompts = ["Describe a cat in JSON.", "Give me a recipe as JSON.", "A user profile as JSON."];
+    for (i, prompt) in prompts.iter().enumerate() {
+        for seed in 0..2u32 {
+            let req = GenerateRequest {
+                max_tokens: Some(longest as u32),
+                constraint: Some(OutputConstraint::JsonObject),
+                sampling: Some(SamplingParams {
+                    temperature: 0.7,
+                    seed: Some(seed + 10 * i as u32),
+                    json_bounds: bounds,
+                    ..SamplingParams::default()
+                }),
+                ..GenerateRequest::new(e.chat_prompt(&[ChatMessage::user(*prompt)]).expect("template"))
+            };
+            let c = run_checking_json_prefix(&e, req, prompt);
+            assert_eq!(c.finish_reason, FinishReason::Eos, "{prompt}: {:?}", c.text);
+            let v: serde_json::Value = serde_json::from_str(c.text.trim()).expect("complete JSON");
+            assert!(v.is_object(), "{v}");
+            assert_within_bounds(&v, &bounds, 1);
+        }
+    }
+}
+
+fn assert_within_bounds(v: &serde_json::Value, b: &JsonBounds, depth: u32) {
+    match v {
+        serde_json::Value::String(s) => {
+            assert!(s.chars().count() <= b.max_string_chars as usize, "{s:?}");
+        }
+        serde_json::Value::Array(items) => {
+            assert!(depth <= b.max_depth && items.len() <= b.max_array_items as usize, "{v}");
+            items.iter().for_each(|x| assert_within_bounds(x, b, depth + 1));
+        }
+        serde_json::Value::Object(members) => {
+            assert!(depth <= b.max_depth && members.len() <= b.max_object_members as usize, "{v}");
+            for (k, x) in members {
+                assert!(k.chars().count() <= b.max_string_chars as usize, "{k:?}");
+                assert_within_bounds(x, b, depth + 1);
+            }
+        }
+        _ => {}
+    }
 }
 
 #[test]

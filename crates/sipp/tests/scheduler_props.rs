@@ -30,6 +30,7 @@ struct Arrival {
     cancel_after: Option<usize>,
     poison: bool,
     greedy: bool,
+    repeatable: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -63,9 +64,10 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         proptest::option::weighted(0.2, 0usize..20),
         proptest::bool::weighted(0.08),
         proptest::bool::weighted(0.7),
+        proptest::bool::weighted(0.1),
     )
         .prop_map(
-            |(step, base, prefix_len, suffix, max_tokens, stop, cancel_after, poison, greedy)| {
+            |(step, base, prefix_len, suffix, max_tokens, stop, cancel_after, poison, greedy, repeatable)| {
                 Arrival {
                     step,
                     base,
@@ -76,6 +78,7 @@ fn arrival() -> impl Strategy<Value = Arrival> {
                     cancel_after,
                     poison,
                     greedy,
+                    repeatable,
                 }
             },
         )
@@ -219,6 +222,11 @@ fn check_invariants(h: &Harness) -> Result<(), TestCaseError> {
         seqs.len(),
         "a lease outlived its slot"
     );
+    // A repeatable request runs alone.
+    let busy: Vec<_> = h.core.slots().iter().filter_map(|s| s.work.as_ref()).collect();
+    if busy.iter().any(|w| w.repeatable) {
+        prop_assert_eq!(busy.len(), 1, "a repeatable request shares the engine");
+    }
     prop_assert!(
         backend.max_batch_rows <= h.budget,
         "batch of {} rows over budget {}",
@@ -251,6 +259,7 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
                         ..SamplingParams::default()
                     }
                 }),
+                repeatable: a.repeatable,
                 ..GenerateRequest::new(PromptInput::Text(prompt_text(a)))
             };
             let id = 1000 + i as u64;
@@ -379,6 +388,10 @@ fn check_request(t: &Tracked, n_ctx: u32) -> Result<Option<Completion>, TestCase
             prop_assert_eq!(&c.text, &text, "deltas add up to the text");
             prop_assert_eq!(&c.tokens, &tokens, "tokens arrive in order");
             prop_assert!(c.usage.completion_tokens <= t.arrival.max_tokens as usize);
+            prop_assert!(
+                !t.arrival.repeatable || c.usage.cached_tokens == 0,
+                "a repeatable request reused KV"
+            );
             if c.finish_reason == FinishReason::Length {
                 prop_assert!(
                     c.usage.completion_tokens == t.arrival.max_tokens as usize

@@ -103,13 +103,7 @@ impl GatewayEndpoint {
     }
 
     fn options(o: &RequestOptions) -> TextOptions {
-        TextOptions {
-            max_tokens: o.text.max_tokens,
-            temperature: o.text.temperature,
-            top_p: o.text.top_p,
-            stop: o.text.stop.clone(),
-            ..TextOptions::default()
-        }
+        o.native_options()
     }
 
     async fn post<T: serde::Serialize>(

@@ -5,7 +5,6 @@ use crate::client::{
     Response, Run, RunEvent,
 };
 use crate::engine::{Engine, GenerateRequest, PromptInput, RequestEvent, RequestHandle};
-use crate::protocol::native::TextOptions as WireOptions;
 use crate::protocol::request_from_text_options;
 use crate::NativeRuntimeConfig;
 
@@ -44,23 +43,7 @@ impl LocalEndpoint {
         options: &RequestOptions,
         prompt: PromptInput,
     ) -> Result<GenerateRequest, ClientError> {
-        let t = &options.text;
-        let l = &options.local;
-        let wire = WireOptions {
-            max_tokens: t.max_tokens,
-            temperature: t.temperature,
-            top_p: t.top_p,
-            stop: t.stop.clone(),
-            seed: l.seed,
-            ignore_eos: Some(l.ignore_eos),
-            grammar: l.grammar.clone(),
-            json_schema: l.json_schema.clone(),
-            json_mode: Some(l.json_mode),
-            logprobs: l.logprobs,
-            context_key: l.context_key.clone(),
-            cache_prompt: None,
-            sampling: l.sampling.clone(),
-        };
+        let wire = options.native_options();
         Ok(request_from_text_options(
             &wire,
             &self.engine.info().sampling,

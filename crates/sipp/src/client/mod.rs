@@ -130,6 +130,10 @@ pub struct LocalOptions {
     pub ignore_eos: bool,
     /// Top-n log-probabilities per token.
     pub logprobs: Option<u32>,
+    /// Reuse KV across requests (`None`: the endpoint's default, on).
+    pub cache_prompt: Option<bool>,
+    /// Compute as on a fresh engine, alone, so seeded text repeats.
+    pub repeatable: bool,
 }
 
 impl LocalOptions {
@@ -159,6 +163,12 @@ impl LocalOptions {
         }
         if self.logprobs.is_some() {
             v.push("logprobs");
+        }
+        if self.cache_prompt.is_some() {
+            v.push("cache_prompt");
+        }
+        if self.repeatable {
+            v.push("repeatable");
         }
         v
     }
@@ -190,6 +200,30 @@ pub struct RequestOptions {
     pub provider: ProviderOptions,
     /// Stream text deltas through [`Run::next`].
     pub stream: bool,
+}
+
+impl RequestOptions {
+    /// The options as sipp's first-party profile carries them: what a local
+    /// engine and a sipp gateway both honour.
+    pub fn native_options(&self) -> crate::protocol::native::TextOptions {
+        let (t, l) = (&self.text, &self.local);
+        crate::protocol::native::TextOptions {
+            max_tokens: t.max_tokens,
+            temperature: t.temperature,
+            top_p: t.top_p,
+            stop: t.stop.clone(),
+            seed: l.seed,
+            ignore_eos: l.ignore_eos.then_some(true),
+            grammar: l.grammar.clone(),
+            json_schema: l.json_schema.clone(),
+            json_mode: l.json_mode.then_some(true),
+            logprobs: l.logprobs,
+            context_key: l.context_key.clone(),
+            cache_prompt: l.cache_prompt,
+            repeatable: l.repeatable.then_some(true),
+            sampling: l.sampling.clone(),
+        }
+    }
 }
 
 /// A completion of a prompt.
@@ -562,7 +596,21 @@ fn validate(id: &str, ep: &Endpoint, options: &RequestOptions) -> Result<(), Cli
                 ));
             }
         }
-        Endpoint::Gateway(_) | Endpoint::Provider(_) => {
+        // A sipp gateway speaks the first-party profile, which carries every
+        // engine option but log-probabilities (its answers do not return them).
+        Endpoint::Gateway(_) if local.contains(&"logprobs") => {
+            return Err(invalid(
+                "`logprobs` is a local-only option; gateway endpoints do not accept it".into(),
+            ));
+        }
+        Endpoint::Gateway(_) => {
+            if options.provider.is_set() {
+                return Err(invalid(
+                    "provider options (user, extra) do not apply to gateway endpoints".into(),
+                ));
+            }
+        }
+        Endpoint::Provider(_) => {
             if let Some(name) = local.first() {
                 return Err(invalid(format!(
                     "`{name}` is a local-only option; {} endpoints do not accept it",

@@ -16,7 +16,7 @@ use super::request::{
 };
 use crate::config::{CacheMode, NativeRuntimeConfig};
 use crate::runtime::{
-    Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec, Token, Vocab,
+    Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec, SeqId, Token, Vocab,
 };
 use crate::sampling::{OutputConstraint, SamplerCacheKey, SamplingParams};
 use crate::scheduler::{
@@ -74,6 +74,8 @@ pub struct PreparedRequest {
     pub context_key: Option<String>,
     /// Reuse and keep KV.
     pub cache_prompt: bool,
+    /// Run alone on a cleared KV cache (see `GenerateRequest::repeatable`).
+    pub repeatable: bool,
     /// When it was submitted.
     pub submitted_at: Instant,
     /// Its event stream.
@@ -108,6 +110,8 @@ pub struct SlotWork<S> {
     /// Per-request counters.
     pub counters: SlotCounters,
     cache_prompt: bool,
+    /// Runs alone: nothing else is admitted while it holds its slot.
+    pub repeatable: bool,
     context_key: Option<String>,
     final_sent: bool,
 }
@@ -295,6 +299,18 @@ impl<B: Backend> EngineCore<B> {
                 ));
             }
         }
+        // The mirror against the backend's own positions: a KV copy or
+        // removal that silently failed shows up here.
+        for seq in 0..self.sessions.n_seq() as SeqId {
+            let len = self.sessions.resident_len(seq) as u32;
+            let want = (len > 0).then(|| (0, len - 1));
+            let held = self.backend.kv_seq_positions(seq);
+            if held != want {
+                problems.push(format!(
+                    "sequence {seq}: the backend holds positions {held:?}, the mirror {want:?}"
+                ));
+            }
+        }
         self.metrics.idle_checks.fetch_add(1, Relaxed);
         if !problems.is_empty() {
             self.metrics
@@ -451,8 +467,21 @@ impl<B: Backend> EngineCore<B> {
             };
             let is_embed = matches!(front.kind, PreparedKind::Embed { .. });
             let encoder = self.vocab.info().has_encoder && !self.vocab.info().has_decoder;
+            let busy = self.slots.iter().filter_map(|s| s.work.as_ref());
+            let (any_busy, exclusive_running) = busy.fold((false, false), |(_, ex), w| (true, ex || w.repeatable));
+            // A repeatable request runs alone: it waits for the others to
+            // finish, and nothing joins it.
+            if exclusive_running || (front.repeatable && any_busy) {
+                break;
+            }
             // Embeddings never reuse KV: pooling needs the whole input in one batch.
-            let use_cache = front.cache_prompt && !is_embed;
+            let use_cache = front.cache_prompt && !is_embed && !front.repeatable;
+            if front.repeatable {
+                self.clear_kv_for_repeatable();
+            }
+            let Some(front) = self.queue.front() else {
+                break;
+            };
             // Cells that prompts already admitted will still take: admitting
             // past them would only lead to preemption.
             let reserve: usize = self
@@ -556,10 +585,23 @@ impl<B: Backend> EngineCore<B> {
                     ..SlotCounters::default()
                 },
                 cache_prompt: use_cache,
+                repeatable: req.repeatable,
                 context_key: req.context_key,
                 final_sent: false,
             });
         }
+    }
+
+    /// Brings the KV cache to the state of a fresh engine for a repeatable
+    /// request: every idle sequence is evicted (snapshotted when snapshots
+    /// are on), then llama.cpp's cache is cleared, which also resets where it
+    /// places new cells. The same cells and KV window then give the same
+    /// numerics as on a fresh engine (the flash-attention kernel changes its
+    /// reduction with the window's size and the cells' places).
+    fn clear_kv_for_repeatable(&mut self) {
+        self.sessions.evict_all_idle(&mut self.backend);
+        debug_assert_eq!(self.sessions.cells_used(), 0, "no lease is held");
+        self.backend.kv_clear();
     }
 
     /// A longer prefix of this prompt that another slot is computing right now;

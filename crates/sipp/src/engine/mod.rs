@@ -245,7 +245,7 @@ impl RequestPreparer {
         }
         if let Some(c) = &req.constraint {
             c.validate()?;
-            self.vocab.check_constraint(c)?;
+            self.vocab.check_constraint(c, &sampling.json_bounds)?;
         }
         if let Some(n) = req.logprobs {
             if n > MAX_TOP_LOGPROBS {
@@ -318,6 +318,7 @@ impl RequestPreparer {
             prompt,
             context_key: req.context_key,
             cache_prompt: req.cache_prompt,
+            repeatable: req.repeatable,
             submitted_at: Instant::now(),
             sink,
         })
@@ -352,6 +353,7 @@ impl RequestPreparer {
             prompt,
             context_key: None,
             cache_prompt: false,
+            repeatable: false,
             submitted_at: Instant::now(),
             sink,
         })

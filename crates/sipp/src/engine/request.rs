@@ -49,6 +49,13 @@ pub struct GenerateRequest {
     pub context_key: Option<String>,
     /// Reuse and keep KV for this prompt (default true).
     pub cache_prompt: bool,
+    /// Compute this request exactly as on an idle, freshly started engine, so
+    /// a seeded or greedy request repeats its text whatever ran before or
+    /// around it: it waits for the running requests to finish, runs alone
+    /// (later requests wait for it), and its prompt is computed from scratch
+    /// into a cleared KV cache (idle prefixes are snapshotted first, when
+    /// snapshots are on). Default false.
+    pub repeatable: bool,
     /// Add BOS (and other special tokens the model wants) to a text prompt.
     pub add_special: bool,
     /// Turn special-token text in a text prompt into special tokens.
@@ -68,6 +75,7 @@ impl GenerateRequest {
             logprobs: None,
             context_key: None,
             cache_prompt: true,
+            repeatable: false,
             add_special: true,
             parse_special: true,
         }

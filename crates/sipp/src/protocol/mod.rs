@@ -71,6 +71,7 @@ pub fn request_from_text_options(
         logprobs: o.logprobs,
         context_key: o.context_key.clone(),
         cache_prompt: o.cache_prompt.unwrap_or(true),
+        repeatable: o.repeatable.unwrap_or(false),
         ..GenerateRequest::new(PromptInput::Text(String::new()))
     })
 }
@@ -105,6 +106,9 @@ pub fn request_from_openai(
     }
     if let Some(order) = &f.samplers {
         s.samplers = Some(SamplingParams::parse_order(order)?);
+    }
+    if let Some(b) = &f.json_bounds {
+        s.json_bounds = b.over(s.json_bounds);
     }
     if let Some(bias) = &f.logit_bias {
         for (k, v) in bias {
@@ -167,6 +171,7 @@ pub fn request_from_openai(
         logprobs,
         context_key: None,
         cache_prompt: f.cache_prompt.unwrap_or(true),
+        repeatable: f.repeatable.unwrap_or(false),
         ..GenerateRequest::new(PromptInput::Text(String::new()))
     })
 }
@@ -232,5 +237,29 @@ mod tests {
         };
         let e = request_from_openai(&f, None, None, None, &d, "x".into()).unwrap_err();
         assert!(e.to_string().contains("`samplers`"), "{e}");
+    }
+
+    #[test]
+    fn json_bounds_switch_off_or_override_the_targets() {
+        let d = SamplingParams::default();
+        let bounds_of = |v: serde_json::Value| {
+            let f: SamplingFields = serde_json::from_value(serde_json::json!({ "json_bounds": v }))
+                .expect("parses");
+            request_from_openai(&f, None, None, None, &d, "x".into())
+                .expect("maps")
+                .sampling
+                .expect("sampling")
+                .json_bounds
+        };
+        use crate::sampling::JsonBounds;
+        assert_eq!(bounds_of(serde_json::json!(false)), JsonBounds::unbounded());
+        assert_eq!(bounds_of(serde_json::json!(true)), JsonBounds::default());
+        let b = bounds_of(serde_json::json!({"max_string_chars": 40}));
+        assert_eq!(b.max_string_chars, 40);
+        assert_eq!(b.max_depth, JsonBounds::default().max_depth);
+        assert!(serde_json::from_value::<SamplingFields>(
+            serde_json::json!({"json_bounds": {"max_strings": 3}})
+        )
+        .is_err());
     }
 }

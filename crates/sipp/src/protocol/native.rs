@@ -47,6 +47,9 @@ pub struct TextOptions {
     /// Reuse KV (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_prompt: Option<bool>,
+    /// Compute as on a fresh engine, alone, so seeded text repeats (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeatable: Option<bool>,
     /// Full sampling settings, overriding the endpoint's defaults field by field
     /// where given (temperature, top_p and seed above win).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -143,9 +143,61 @@ pub struct SamplingFields {
     /// Reuse KV across requests (extension; default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_prompt: Option<bool>,
+    /// Compute as on a fresh engine, alone, so seeded text repeats
+    /// (extension; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeatable: Option<bool>,
+    /// Bounds on JSON mode and open JSON schemas (extension): `false` turns
+    /// them off, `true` keeps the target's, an object overrides some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_bounds: Option<JsonBoundsField>,
     /// OpenAI's end-user id (recorded, not used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+}
+
+/// `json_bounds` on a request: on/off, or some bounds over the target's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum JsonBoundsField {
+    /// `false`: no bounds; `true`: the target's.
+    Switch(bool),
+    /// These bounds over the target's (0 turns one off).
+    Limits(JsonBoundsPatch),
+}
+
+/// Some of `JsonBounds`' fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonBoundsPatch {
+    /// Longest open string, in characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_string_chars: Option<u32>,
+    /// Most items in an open array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_array_items: Option<u32>,
+    /// JSON mode: most members in one object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_object_members: Option<u32>,
+    /// JSON mode: deepest nesting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<u32>,
+}
+
+impl JsonBoundsField {
+    /// The bounds in effect over `base`.
+    pub fn over(&self, base: crate::sampling::JsonBounds) -> crate::sampling::JsonBounds {
+        match self {
+            JsonBoundsField::Switch(false) => crate::sampling::JsonBounds::unbounded(),
+            JsonBoundsField::Switch(true) => base,
+            JsonBoundsField::Limits(p) => crate::sampling::JsonBounds {
+                max_string_chars: p.max_string_chars.unwrap_or(base.max_string_chars),
+                max_array_items: p.max_array_items.unwrap_or(base.max_array_items),
+                max_object_members: p.max_object_members.unwrap_or(base.max_object_members),
+                max_depth: p.max_depth.unwrap_or(base.max_depth),
+            },
+        }
+    }
 }
 
 /// POST /v1/completions.

@@ -132,7 +132,11 @@ impl Vocab for FakeVocab {
         token == EOS
     }
 
-    fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), SamplingError> {
+    fn check_constraint(
+        &self,
+        constraint: &OutputConstraint,
+        _bounds: &crate::sampling::JsonBounds,
+    ) -> Result<(), SamplingError> {
         match constraint {
             OutputConstraint::Grammar(g) if g == INVALID_GRAMMAR => {
                 Err(SamplingError::Grammar("parse error at `(`".into()))
@@ -445,7 +449,7 @@ impl Backend for FakeBackend {
 
     fn new_sampler(&self, spec: SamplerSpec<'_>) -> Result<Self::Sampler, SamplingError> {
         if let Some(c) = spec.constraint {
-            self.vocab.check_constraint(c)?;
+            self.vocab.check_constraint(c, &spec.params.json_bounds)?;
         }
         let exhausting = matches!(spec.constraint, Some(OutputConstraint::Grammar(g)) if g == EXHAUSTING_GRAMMAR);
         Ok(FakeSampler {
@@ -530,6 +534,18 @@ impl Backend for FakeBackend {
 
     fn kv_cells_used(&self) -> Option<u32> {
         Some(self.used_cells())
+    }
+
+    fn kv_clear(&mut self) {
+        self.cells.iter_mut().for_each(|c| *c = None);
+    }
+
+    fn kv_seq_positions(&self, seq: SeqId) -> Option<(u32, u32)> {
+        let held = self.cells.iter().flatten().filter(|c| c.seqs.contains(&seq));
+        let (min, max) = held.fold((u32::MAX, None), |(lo, hi): (u32, Option<u32>), c| {
+            (lo.min(c.pos), Some(hi.map_or(c.pos, |h| h.max(c.pos))))
+        });
+        max.map(|max| (min, max))
     }
 
     fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8> {

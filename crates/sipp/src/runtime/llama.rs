@@ -24,7 +24,7 @@ use super::{
 };
 use crate::config::{FlashAttention, NativeRuntimeConfig, PlacementConfig};
 use crate::sampling::{
-    json_object_grammar, BiasTarget, OutputConstraint, SamplerStage, SamplingError,
+    BiasTarget, JsonBounds, OutputConstraint, SamplerStage, SamplingError,
 };
 
 /// llama.cpp's process-wide backend; initialized once.
@@ -207,8 +207,12 @@ impl Vocab for LlamaModelHandle {
             && self.model.vocab().is_eog(LlamaToken(token))
     }
 
-    fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), SamplingError> {
-        build_grammar(&self.model, constraint).map(|_| ())
+    fn check_constraint(
+        &self,
+        constraint: &OutputConstraint,
+        bounds: &JsonBounds,
+    ) -> Result<(), SamplingError> {
+        build_grammar(&self.model, constraint, bounds).map(|_| ())
     }
 }
 
@@ -485,11 +489,12 @@ impl LlamaRuntime {
 fn build_grammar(
     model: &LlamaModel,
     constraint: &OutputConstraint,
+    bounds: &JsonBounds,
 ) -> Result<LlamaSampler, SamplingError> {
     let (gbnf, schema) = match constraint {
         OutputConstraint::Grammar(g) => (g.clone(), false),
-        OutputConstraint::JsonObject => (json_object_grammar().to_string(), false),
-        OutputConstraint::JsonSchema(s) => (schema_to_gbnf(s)?, true),
+        OutputConstraint::JsonObject => (bounds.json_object_grammar(), false),
+        OutputConstraint::JsonSchema(s) => (schema_to_gbnf(s, bounds)?, true),
     };
     if gbnf.trim().is_empty() {
         return Err(SamplingError::Grammar("the grammar is empty".into()));
@@ -503,15 +508,20 @@ fn build_grammar(
     })
 }
 
-/// Converts a JSON schema to GBNF with llama.cpp's converter.
-pub fn schema_to_gbnf(schema: &serde_json::Value) -> Result<String, SamplingError> {
+/// Converts a JSON schema to GBNF with llama.cpp's converter, after writing
+/// `bounds` into what the schema leaves open.
+pub fn schema_to_gbnf(
+    schema: &serde_json::Value,
+    bounds: &JsonBounds,
+) -> Result<String, SamplingError> {
     if !schema.is_object() && !schema.is_boolean() {
         return Err(SamplingError::Schema(
             "a schema must be a JSON object".into(),
         ));
     }
-    let text = serde_json::to_string(schema).map_err(|e| SamplingError::Schema(e.to_string()))?;
     crate::sampling::check_schema_supported(schema)?;
+    let bounded = bounds.apply_to_schema(schema);
+    let text = serde_json::to_string(&bounded).map_err(|e| SamplingError::Schema(e.to_string()))?;
     // llama-cpp-2 drops the converter's message; the checks above catch what
     // they can name, and anything else is reported as a refusal.
     llama_cpp_2::json_schema_to_grammar(&text).map_err(|e| {
@@ -664,7 +674,7 @@ impl Backend for LlamaRuntime {
         let chain = self.build_chain(spec)?;
         let grammar = spec
             .constraint
-            .map(|c| build_grammar(&self.model.model, c))
+            .map(|c| build_grammar(&self.model.model, c, &spec.params.json_bounds))
             .transpose()?;
         Ok(LlamaSamplerState {
             chain,
@@ -785,6 +795,18 @@ impl Backend for LlamaRuntime {
 
     fn kv_cells_used(&self) -> Option<u32> {
         None
+    }
+
+    fn kv_clear(&mut self) {
+        // llama_memory_clear: also moves the cell search back to cell 0.
+        self.ctx.clear_kv_cache();
+    }
+
+    fn kv_seq_positions(&self, seq: SeqId) -> Option<(u32, u32)> {
+        // llama.cpp answers -1 for both when the sequence holds nothing.
+        let min = self.ctx.kv_cache_seq_pos_min(seq as i32);
+        let max = self.ctx.kv_cache_seq_pos_max(seq as i32);
+        (min >= 0 && max >= 0).then(|| (min as u32, max as u32))
     }
 
     fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8> {

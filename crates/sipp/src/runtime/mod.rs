@@ -183,7 +183,11 @@ pub trait Vocab: Send + Sync {
     /// Whether the token ends generation (EOS, EOT and the like).
     fn is_eog(&self, token: Token) -> bool;
     /// Checks that a grammar or schema can be built, without a context.
-    fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), SamplingError>;
+    fn check_constraint(
+        &self,
+        constraint: &OutputConstraint,
+        bounds: &crate::sampling::JsonBounds,
+    ) -> Result<(), SamplingError>;
 
     /// Detokenizes a whole sequence (lossy at invalid UTF-8).
     fn detokenize(&self, tokens: &[Token]) -> String {
@@ -298,6 +302,11 @@ pub trait Backend {
     fn kv_share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32);
     /// Cells in use (distinct positions held by any sequence), when known.
     fn kv_cells_used(&self) -> Option<u32>;
+    /// Empties the whole KV cache (every sequence), as on a fresh context.
+    fn kv_clear(&mut self);
+    /// The lowest and highest position the backend holds for `seq`, as its
+    /// own bookkeeping says (`None` when the sequence is empty).
+    fn kv_seq_positions(&self, seq: SeqId) -> Option<(u32, u32)>;
     /// Serializes a sequence's KV state.
     fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8>;
     /// Restores a sequence's KV state into an empty sequence.

@@ -14,19 +14,6 @@ pub enum OutputConstraint {
     JsonSchema(serde_json::Value),
 }
 
-/// GBNF for one JSON object, in the shape of llama.cpp's `grammars/json.gbnf`.
-/// Whitespace is bounded so a small model cannot loop on blanks forever.
-pub fn json_object_grammar() -> &'static str {
-    r#"root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-ws     ::= | " " | "\n" [ \t]{0,20}
-"#
-}
-
 /// Keywords that only annotate a schema; they constrain nothing.
 const ANNOTATIONS: &[&str] = &[
     "title",

@@ -4,9 +4,11 @@
 //! This module only describes and checks settings; the runtime turns them into a
 //! llama.cpp sampler chain.
 
+mod bounds;
 mod constraint;
 
-pub use constraint::{check_schema_supported, json_object_grammar, OutputConstraint};
+pub use bounds::JsonBounds;
+pub use constraint::{check_schema_supported, OutputConstraint};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -159,6 +161,10 @@ pub struct SamplingParams {
     pub seed: Option<u32>,
     /// Explicit sampler order; `None` means llama.cpp's default order.
     pub samplers: Option<Vec<SamplerStage>>,
+    /// Bounds on JSON mode and on what a JSON schema leaves open (string
+    /// length, array items, members, depth), so constrained output stays
+    /// finite. Default: `JsonBounds::default()`.
+    pub json_bounds: JsonBounds,
 }
 
 impl Default for SamplingParams {
@@ -187,6 +193,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: None,
             samplers: None,
+            json_bounds: JsonBounds::default(),
         }
     }
 }
@@ -350,6 +357,7 @@ impl SamplingParams {
                 })?;
             }
         }
+        self.json_bounds.validate()?;
         if let Some(order) = &self.samplers {
             let mut seen = std::collections::HashSet::new();
             for s in order {

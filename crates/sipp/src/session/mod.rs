@@ -533,6 +533,13 @@ impl KvSessions {
             self.stats.reused_tokens += reused_tokens as u64;
         }
         debug_assert_eq!(self.seqs[seq as usize].resident.len(), reused_tokens);
+        tracing::debug!(
+            seq,
+            ?candidate,
+            reused_tokens,
+            prompt_tokens = prompt.len(),
+            "KV admission"
+        );
         Some(KvCacheAdmission {
             lease,
             cache_candidate: candidate,

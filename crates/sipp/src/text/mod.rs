@@ -1,6 +1,10 @@
 //! Text emission: token bytes to whole UTF-8 characters, stop strings matched
 //! across token boundaries with hold-back, and finish reasons.
 
+mod json_prefix;
+
+pub use json_prefix::is_json_prefix;
+
 use serde::{Deserialize, Serialize};
 
 /// Why a generation ended.
