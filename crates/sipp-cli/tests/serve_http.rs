@@ -133,6 +133,7 @@ fn completions_chat_embeddings_models_and_native_profile() {
         max_object_members: 3,
         max_array_items: 3,
         max_depth: 1,
+        compact_whitespace: true,
     };
     let longest = bounds.json_object_max_bytes().expect("bounded");
     // Patient: the worst case is hundreds of constrained tokens.

@@ -13,7 +13,7 @@
 //! temperature = 0.7
 //!
 //! [sampling.json_bounds]      # JSON mode and open schemas (0 turns a bound off)
-//! max_string_chars = 256
+//! max_string_chars = 64
 //!
 //! [cache]
 //! mode = "shared_prefix"

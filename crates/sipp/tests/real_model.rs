@@ -47,9 +47,9 @@ fn greedy_is_deterministic() {
 }
 
 /// The one fact about the model that other tests lean on ("Paris" in a short
-/// greedy completion of this prompt): its first token is " Paris" by a margin
-/// far wider than any kernel's numerics move a logit (measured: see the note
-/// of the fresh-machine issue; batched numerics move logits by under 1).
+/// greedy completion of this prompt): its first token is " Paris", 2.5 nats
+/// ahead of the next (measured with native and with generic x86-64 kernels),
+/// where batching and kernels move logits by well under 1.
 #[test]
 fn the_capital_of_france() {
     let e = engine_with(1, |_| {});
@@ -62,6 +62,7 @@ fn the_capital_of_france() {
     let text = |t: i32| String::from_utf8_lossy(&e.vocab().token_bytes(t)).into_owned();
     assert_eq!(text(first.top[0].token), " Paris", "{:?}", c.text);
     let margin = first.top[0].logprob - first.top[1].logprob;
+    eprintln!("first token {:?}, margin {margin:.3} over {:?}", text(first.top[0].token), text(first.top[1].token));
     assert!(margin > 2.0 * NEAR_TIE, "margin {margin} over {:?}", text(first.top[1].token));
     assert!(c.text.contains("Paris"), "{:?}", c.text);
 }

@@ -209,6 +209,7 @@ fn bounded_json_mode_always_ends_with_an_object_within_the_bounds() {
         max_object_members: 4,
         max_array_items: 4,
         max_depth: 2,
+        compact_whitespace: false,
     };
     let longest = bounds.json_object_max_bytes().expect("bounded");
     assert!(longest < 6000, "{longest}");

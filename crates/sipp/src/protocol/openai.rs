@@ -182,6 +182,9 @@ pub struct JsonBoundsPatch {
     /// JSON mode: deepest nesting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_depth: Option<u32>,
+    /// At most one space between JSON tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_whitespace: Option<bool>,
 }
 
 impl JsonBoundsField {
@@ -195,6 +198,7 @@ impl JsonBoundsField {
                 max_array_items: p.max_array_items.unwrap_or(base.max_array_items),
                 max_object_members: p.max_object_members.unwrap_or(base.max_object_members),
                 max_depth: p.max_depth.unwrap_or(base.max_depth),
+                compact_whitespace: p.compact_whitespace.unwrap_or(base.compact_whitespace),
             },
         }
     }

@@ -524,9 +524,10 @@ pub fn schema_to_gbnf(
     let text = serde_json::to_string(&bounded).map_err(|e| SamplingError::Schema(e.to_string()))?;
     // llama-cpp-2 drops the converter's message; the checks above catch what
     // they can name, and anything else is reported as a refusal.
-    llama_cpp_2::json_schema_to_grammar(&text).map_err(|e| {
+    let gbnf = llama_cpp_2::json_schema_to_grammar(&text).map_err(|e| {
         SamplingError::Schema(format!("llama.cpp's schema converter refused it ({e})"))
-    })
+    })?;
+    Ok(bounds.bound_converted_grammar(&gbnf))
 }
 
 /// Candidates the grammar is tried on before the whole vocabulary.
@@ -837,5 +838,21 @@ impl Backend for LlamaRuntime {
                 state.len()
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converted_schemas_get_the_bounds_and_compact_whitespace() {
+        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let compact = JsonBounds { compact_whitespace: true, ..JsonBounds::default() };
+        let gbnf = schema_to_gbnf(&schema, &compact).expect("converts");
+        assert!(gbnf.lines().any(|l| l == r#"space ::= | " ""#), "{gbnf}");
+        assert!(gbnf.contains("{0,64}"), "string bound: {gbnf}");
+        let open = schema_to_gbnf(&schema, &JsonBounds::unbounded()).expect("converts");
+        assert!(open.contains(r#""\n"{1,2}"#) && !open.contains("{0,64}"), "{open}");
     }
 }

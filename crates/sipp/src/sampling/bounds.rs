@@ -18,25 +18,30 @@ use serde_json::{Map, Value};
 pub struct JsonBounds {
     /// Longest string (value or key), in characters, where the schema sets no
     /// `maxLength`, `pattern`, `format`, `enum` or `const`. 0: unbounded.
-    /// Default 256.
+    /// Default 64.
     pub max_string_chars: u32,
     /// Most items in an array where the schema sets no `maxItems`. 0: unbounded.
-    /// Default 32.
+    /// Default 8.
     pub max_array_items: u32,
-    /// JSON mode: most members in one object. 0: unbounded. Default 32.
+    /// JSON mode: most members in one object. 0: unbounded. Default 16.
     pub max_object_members: u32,
     /// JSON mode: deepest nesting of objects and arrays (the top object is
-    /// depth 1). 0: unbounded. Default 6.
+    /// depth 1). 0: unbounded. Default 4.
     pub max_depth: u32,
+    /// Whitespace between JSON tokens is at most one space: no newlines or
+    /// indentation (the JSON means the same). Default false: llama.cpp's
+    /// bounded blanks, a newline and up to 20 spaces or tabs.
+    pub compact_whitespace: bool,
 }
 
 impl Default for JsonBounds {
     fn default() -> Self {
         Self {
-            max_string_chars: 256,
-            max_array_items: 32,
-            max_object_members: 32,
-            max_depth: 6,
+            max_string_chars: 64,
+            max_array_items: 8,
+            max_object_members: 16,
+            max_depth: 4,
+            compact_whitespace: false,
         }
     }
 }
@@ -53,7 +58,36 @@ impl JsonBounds {
             max_array_items: 0,
             max_object_members: 0,
             max_depth: 0,
+            compact_whitespace: false,
         }
+    }
+
+    /// The whitespace rule's body: one optional space when compact, else
+    /// llama.cpp's bounded blanks (a newline and up to 20 spaces or tabs).
+    fn ws_rule(&self) -> &'static str {
+        if self.compact_whitespace {
+            r#"| " ""#
+        } else {
+            r#"| " " | "\n" [ \t]{0,20}"#
+        }
+    }
+
+    /// llama.cpp's converted schema grammar with this whitespace rule in place
+    /// of the converter's own `space` rule.
+    pub fn bound_converted_grammar(&self, gbnf: &str) -> String {
+        if !self.compact_whitespace {
+            return gbnf.to_string();
+        }
+        gbnf.lines()
+            .map(|line| {
+                if line.starts_with("space ::=") {
+                    format!("space ::= {}", self.ws_rule())
+                } else {
+                    line.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Checks every field; the error names the first bad one.
@@ -105,7 +139,8 @@ impl JsonBounds {
             "string ::= \"\\\"\" {chars} \"\\\"\" ws\n\
              char ::= [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{{4}})\n\
              number ::= (\"-\"? ([0-9] | [1-9] [0-9]{{0,15}})) (\".\" [0-9]{{1,16}})? ([eE] [-+]? [0-9] [0-9]{{0,15}})? ws\n\
-             ws ::= | \" \" | \"\\n\" [ \\t]{{0,20}}\n"
+             ws ::= {}\n",
+            self.ws_rule()
         ));
         g
     }
@@ -125,8 +160,9 @@ impl JsonBounds {
             return None;
         }
         // The longest form of each rule of `json_object_grammar`: blanks are
-        // "\n" and 20 tabs; a character is at most a 6-byte `\uXXXX` escape.
-        let ws = 21;
+        // one space, or "\n" and 20 tabs; a character is at most a 6-byte
+        // `\uXXXX` escape.
+        let ws = if self.compact_whitespace { 1 } else { 21 };
         let string = 2 + 6 * s + ws;
         let number = 17 + 17 + 18 + ws;
         let scalar = string.max(number).max(5 + ws);
@@ -282,11 +318,12 @@ mod tests {
     #[test]
     fn json_object_grammar_follows_the_bounds() {
         let g = JsonBounds::default().json_object_grammar();
-        assert!(g.contains("char{0,256}"), "{g}");
-        assert!(g.contains("(\",\" ws member1){0,31}"), "{g}");
-        assert!(g.contains("value6 ::= string"), "deepest level is scalars: {g}");
-        assert!(g.contains("value5 ::= object6 | array6 | string"), "{g}");
-        assert!(!g.contains("object7"), "{g}");
+        assert!(g.contains("char{0,64}"), "{g}");
+        assert!(g.contains("(\",\" ws member1){0,15}"), "{g}");
+        assert!(g.contains("(\",\" ws value1){0,7}"), "{g}");
+        assert!(g.contains("value4 ::= string"), "deepest level is scalars: {g}");
+        assert!(g.contains("value3 ::= object4 | array4 | string"), "{g}");
+        assert!(!g.contains("object5"), "{g}");
         let open = JsonBounds::unbounded().json_object_grammar();
         assert!(open.contains("char*"), "{open}");
         assert!(open.contains("value1 ::= object1 | array1 | string"), "{open}");
@@ -300,6 +337,7 @@ mod tests {
             max_object_members: 1,
             max_array_items: 1,
             max_depth: 1,
+            compact_whitespace: false,
         };
         // `{` ws `"` \uXXXX `"` ws `:` ws number `}` ws.
         let longest = format!(
@@ -309,8 +347,27 @@ mod tests {
         assert_eq!(flat.json_object_max_bytes(), Some(longest.len() as u64));
         let deeper = JsonBounds { max_depth: 2, ..flat };
         assert!(deeper.json_object_max_bytes() > flat.json_object_max_bytes());
+        let compact = JsonBounds { compact_whitespace: true, ..flat };
+        let longest = longest.replace(&format!("\n{}", "\t".repeat(20)), " ");
+        assert_eq!(compact.json_object_max_bytes(), Some(longest.len() as u64));
         assert_eq!(JsonBounds::default().json_object_max_bytes().map(|b| b > 0), Some(true));
         assert_eq!(JsonBounds::unbounded().json_object_max_bytes(), None);
+    }
+
+    #[test]
+    fn compact_whitespace_replaces_the_converters_space_rule_only() {
+        // The shape llama.cpp's converter emits.
+        let gbnf = "root ::= \"{\" space \"}\" space\nspace ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\nstring ::= \"x\" space";
+        let compact = JsonBounds { compact_whitespace: true, ..JsonBounds::default() };
+        let out = compact.bound_converted_grammar(gbnf);
+        assert_eq!(
+            out,
+            "root ::= \"{\" space \"}\" space\nspace ::= | \" \"\nstring ::= \"x\" space"
+        );
+        assert_eq!(JsonBounds::unbounded().bound_converted_grammar(gbnf), gbnf);
+        assert!(compact.json_object_grammar().contains("ws ::= | \" \"\n"));
+        assert!(JsonBounds::default().json_object_grammar().contains("[ \\t]{0,20}"));
+        assert_eq!(JsonBounds::default().bound_converted_grammar(gbnf), gbnf);
     }
 
     #[test]
