@@ -9,7 +9,7 @@ use common::{eventually, two_model_config, Server};
 use sipp::chat::ChatMessage;
 use sipp::client::{
     ChatRequest, ClientError, EmbedRequest, EndpointDescriptor, GatewayAuth, ProviderKind,
-    QueryRequest, RunEvent, SippClient, Timeouts,
+    QueryRequest, RequestOptions, RunEvent, SippClient, Timeouts,
 };
 
 fn descriptors(s: &Server) -> Vec<(&'static str, EndpointDescriptor)> {
@@ -39,6 +39,19 @@ fn descriptors(s: &Server) -> Vec<(&'static str, EndpointDescriptor)> {
     ]
 }
 
+/// Sets an engine option as each endpoint carries it: a sipp gateway through
+/// the client's options, an OpenAI-compatible provider as llama-server's field.
+fn engine_option(o: &mut RequestOptions, id: &str, field: &str, value: bool) {
+    match (id, field) {
+        ("compat", _) => {
+            o.provider.extra.insert(field.into(), value.into());
+        }
+        (_, "ignore_eos") => o.local.ignore_eos = value,
+        (_, "cache_prompt") => o.local.cache_prompt = Some(value),
+        _ => panic!("no option {field}"),
+    }
+}
+
 #[test]
 fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
     let dir = std::env::temp_dir().join(format!("sipp-client-remote-{}", std::process::id()));
@@ -57,16 +70,8 @@ fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
             let mut q = QueryRequest::new("The capital of France is")
                 .max_tokens(8)
                 .temperature(0.0);
-            // No end-of-generation token, so the count is exact: the gateway
-            // carries sipp's option, a compatible provider llama-server's field.
-            if id == "compat" {
-                q.options
-                    .provider
-                    .extra
-                    .insert("ignore_eos".into(), true.into());
-            } else {
-                q.options.local.ignore_eos = true;
-            }
+            // No end-of-generation token, so the count is exact.
+            engine_option(&mut q.options, id, "ignore_eos", true);
             let r = client
                 .query(id, q)
                 .await
@@ -85,14 +90,7 @@ fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
             .temperature(0.0);
             // Both runs compute the whole prompt in the same batch shape;
             // a reused KV prefix could tip a near-tie the other way.
-            if id == "compat" {
-                chat.options
-                    .provider
-                    .extra
-                    .insert("cache_prompt".into(), false.into());
-            } else {
-                chat.options.local.cache_prompt = Some(false);
-            }
+            engine_option(&mut chat.options, id, "cache_prompt", false);
             let plain = client
                 .chat(id, chat.clone())
                 .await
@@ -164,14 +162,7 @@ fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
                 .max_tokens(100_000)
                 .stream();
             // No end-of-generation token: only the cancel can end it.
-            if id == "compat" {
-                q.options
-                    .provider
-                    .extra
-                    .insert("ignore_eos".into(), true.into());
-            } else {
-                q.options.local.ignore_eos = true;
-            }
+            engine_option(&mut q.options, id, "ignore_eos", true);
             let mut run = client.query(id, q).await.expect("run");
             let mut n = 0;
             let done = loop {
