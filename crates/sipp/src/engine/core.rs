@@ -930,9 +930,11 @@ impl<B: Backend> EngineCore<B> {
             stats,
         };
         w.final_sent = true;
+        self.metrics.requests_completed.fetch_add(1, Relaxed);
+        self.publish_metrics();
+        let w = self.slots[slot].work.as_mut().expect("busy");
         let _ = send(&w.sink, RequestEvent::Embedding(out));
         self.slots[slot].phase = SlotPhase::Completed;
-        self.metrics.requests_completed.fetch_add(1, Relaxed);
     }
 
     fn sample_slot(&mut self, slot: SlotId, row: usize) {
@@ -1065,13 +1067,18 @@ impl<B: Backend> EngineCore<B> {
             );
         }
         w.final_sent = true;
-        let _ = send(&w.sink, RequestEvent::Finished(completion));
         let counter = if reason == FinishReason::Cancelled {
             &self.metrics.requests_cancelled
         } else {
             &self.metrics.requests_completed
         };
         counter.fetch_add(1, Relaxed);
+        // Metrics first: a caller that reads them on its final event must see
+        // this request counted (on one core the engine thread can be paused
+        // right after the send, before the step publishes).
+        self.publish_metrics();
+        let w = self.slots[slot].work.as_mut().expect("busy");
+        let _ = send(&w.sink, RequestEvent::Finished(completion));
         self.slots[slot].phase = SlotPhase::Completed;
     }
 
@@ -1081,8 +1088,11 @@ impl<B: Backend> EngineCore<B> {
         };
         if !w.final_sent {
             w.final_sent = true;
-            let _ = send(&w.sink, RequestEvent::Failed(err));
             self.metrics.requests_failed.fetch_add(1, Relaxed);
+            self.publish_metrics();
+            if let Some(w) = self.slots[slot].work.as_ref() {
+                let _ = send(&w.sink, RequestEvent::Failed(err));
+            }
         }
         self.slots[slot].phase = SlotPhase::Failed;
     }
