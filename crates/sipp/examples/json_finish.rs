@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use sipp::chat::ChatMessage;
 use sipp::engine::{Engine, GenerateRequest};
-use sipp::text::FinishReason;
 use sipp::sampling::{JsonBounds, OutputConstraint, SamplingParams};
+use sipp::text::FinishReason;
 use sipp::NativeRuntimeConfig;
 
 #[derive(Default)]
@@ -32,7 +32,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seeds: u32 = args.next().map_or(Ok(5), |s| s.parse())?;
     let max_tokens: u32 = args.next().map_or(Ok(200), |s| s.parse())?;
     let temperature: f32 = args.next().map_or(Ok(0.7), |s| s.parse())?;
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/open_schemas.json");
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/open_schemas.json");
     let cases: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(fixture)?)?;
 
     let mut cfg = NativeRuntimeConfig::default();
@@ -85,11 +86,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     tally.finished += 1;
                     match serde_json::from_str::<serde_json::Value>(c.text.trim()) {
                         Ok(_) => tally.parsed += 1,
-                        Err(e) => tally.cut.push(format!("ENDED BUT DOES NOT PARSE ({e}): seed {seed} {prompt} {:?}", c.text)),
+                        Err(e) => tally.cut.push(format!(
+                            "ENDED BUT DOES NOT PARSE ({e}): seed {seed} {prompt} {:?}",
+                            c.text
+                        )),
                     }
                 }
             }
-            eprintln!("seed {seed} {name}: done at {:.0}s", started.elapsed().as_secs_f64());
+            eprintln!(
+                "seed {seed} {name}: done at {:.0}s",
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     println!(

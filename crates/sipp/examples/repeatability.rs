@@ -42,22 +42,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = NativeRuntimeConfig::default();
     cfg.context.n_ctx = 8192;
     let engine = Engine::load(&sipp::models::resolve_or_fetch("default")?, cfg)?;
-    let request = |prompt: &str, seeded: bool| -> Result<GenerateRequest, Box<dyn std::error::Error>> {
-        let sampling = if seeded {
-            SamplingParams {
-                temperature: 1.0,
-                seed: Some(42),
-                ..SamplingParams::default()
-            }
-        } else {
-            SamplingParams::greedy()
+    let request =
+        |prompt: &str, seeded: bool| -> Result<GenerateRequest, Box<dyn std::error::Error>> {
+            let sampling = if seeded {
+                SamplingParams {
+                    temperature: 1.0,
+                    seed: Some(42),
+                    ..SamplingParams::default()
+                }
+            } else {
+                SamplingParams::greedy()
+            };
+            Ok(GenerateRequest {
+                max_tokens: Some(tokens),
+                sampling: Some(sampling),
+                ..GenerateRequest::new(engine.chat_prompt(&[ChatMessage::user(prompt)])?)
+            })
         };
-        Ok(GenerateRequest {
-            max_tokens: Some(tokens),
-            sampling: Some(sampling),
-            ..GenerateRequest::new(engine.chat_prompt(&[ChatMessage::user(prompt)])?)
-        })
-    };
     let run = |req: GenerateRequest| -> Result<String, Box<dyn std::error::Error>> {
         Ok(engine.generate(req)?.blocking_completion()?.text)
     };

@@ -278,11 +278,19 @@ fn a_repeatable_seeded_request_repeats_across_interleaved_traffic() {
                 .expect("template"),
         )
     };
-    let complete = |r: GenerateRequest| e.generate(r).expect("submit").blocking_completion().expect("ok");
+    let complete = |r: GenerateRequest| {
+        e.generate(r)
+            .expect("submit")
+            .blocking_completion()
+            .expect("ok")
+    };
     let first = complete(story());
     assert_eq!(first.usage.cached_tokens, 0);
     // The same prompt without `repeatable` leaves its prefix in the cache.
-    complete(GenerateRequest { repeatable: false, ..story() });
+    complete(GenerateRequest {
+        repeatable: false,
+        ..story()
+    });
     // Traffic around it: a long request filling the KV past 512 cells, a
     // JSON-schema request, and the repeatable request submitted among them.
     let long = e
@@ -308,15 +316,27 @@ fn a_repeatable_seeded_request_repeats_across_interleaved_traffic() {
         })
         .expect("submit");
     let during = e.generate(story()).expect("submit");
-    let after_json = e.generate(GenerateRequest { repeatable: false, ..story() }).expect("submit");
+    let after_json = e
+        .generate(GenerateRequest {
+            repeatable: false,
+            ..story()
+        })
+        .expect("submit");
     let during = during.blocking_completion().expect("ok");
     for h in [long, json, after_json] {
         h.blocking_completion().expect("ok");
     }
-    assert!(e.metrics().kv_cells_used > 0, "other requests left prefixes cached");
+    assert!(
+        e.metrics().kv_cells_used > 0,
+        "other requests left prefixes cached"
+    );
     let after = complete(story());
     for (what, c) in [("during other requests", &during), ("after them", &after)] {
         assert_eq!(c.usage.cached_tokens, 0, "{what}");
-        assert_eq!(c.tokens, first.tokens, "{what}: {:?} vs {:?}", c.text, first.text);
+        assert_eq!(
+            c.tokens, first.tokens,
+            "{what}: {:?} vs {:?}",
+            c.text, first.text
+        );
     }
 }

@@ -62,8 +62,16 @@ fn the_capital_of_france() {
     let text = |t: i32| String::from_utf8_lossy(&e.vocab().token_bytes(t)).into_owned();
     assert_eq!(text(first.top[0].token), " Paris", "{:?}", c.text);
     let margin = first.top[0].logprob - first.top[1].logprob;
-    eprintln!("first token {:?}, margin {margin:.3} over {:?}", text(first.top[0].token), text(first.top[1].token));
-    assert!(margin > 2.0 * NEAR_TIE, "margin {margin} over {:?}", text(first.top[1].token));
+    eprintln!(
+        "first token {:?}, margin {margin:.3} over {:?}",
+        text(first.top[0].token),
+        text(first.top[1].token)
+    );
+    assert!(
+        margin > 2.0 * NEAR_TIE,
+        "margin {margin} over {:?}",
+        text(first.top[1].token)
+    );
     assert!(c.text.contains("Paris"), "{:?}", c.text);
 }
 
@@ -153,7 +161,12 @@ fn stop_string_split_across_tokens_never_leaks() {
     let (stop, expected) = (1..pieces.len())
         .filter_map(|k| {
             let (l, r) = (chars(&pieces[k - 1]), chars(&pieces[k]));
-            if l.len() < 2 || r.len() < 2 || l.iter().chain(&r).any(|c| !c.is_alphanumeric() && *c != ' ') {
+            if l.len() < 2
+                || r.len() < 2
+                || l.iter()
+                    .chain(&r)
+                    .any(|c| !c.is_alphanumeric() && *c != ' ')
+            {
                 return None;
             }
             let stop: String = l[l.len() - 2..].iter().chain(&r[..2]).collect();

@@ -6,9 +6,9 @@ use common::engine_with;
 use serde_json::json;
 use sipp::chat::ChatMessage;
 use sipp::engine::{Completion, Engine, GenerateRequest, RequestEvent};
-use sipp::text::FinishReason;
 use sipp::sampling::{BiasTarget, JsonBounds, LogitBias, OutputConstraint, SamplingParams};
 use sipp::text::is_json_prefix;
+use sipp::text::FinishReason;
 
 fn run(e: &Engine, req: GenerateRequest) -> Completion {
     e.generate(req)
@@ -132,16 +132,29 @@ fn run_checking_json_prefix(e: &Engine, req: GenerateRequest, what: &str) -> Com
 /// Asserts the guarantee of schema-constrained output: a JSON prefix always,
 /// and, when the model ended it (not `max_tokens`), valid against the schema.
 fn assert_schema_guarantee(what: &str, schema: &serde_json::Value, c: &Completion) {
-    assert!(is_json_prefix(&c.text), "{what}: not a JSON prefix: {:?}", c.text);
+    assert!(
+        is_json_prefix(&c.text),
+        "{what}: not a JSON prefix: {:?}",
+        c.text
+    );
     if c.finish_reason == FinishReason::Length {
         return;
     }
     let value: serde_json::Value = serde_json::from_str(c.text.trim()).unwrap_or_else(|err| {
-        panic!("{what}: ended by itself but is not JSON ({err}): {:?}", c.text)
+        panic!(
+            "{what}: ended by itself but is not JSON ({err}): {:?}",
+            c.text
+        )
     });
     let validator = jsonschema::validator_for(schema).expect("schema compiles");
-    let errors: Vec<String> = validator.iter_errors(&value).map(|e| e.to_string()).collect();
-    assert!(errors.is_empty(), "{what}: {value} violates its schema: {errors:?}");
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{what}: {value} violates its schema: {errors:?}"
+    );
 }
 
 #[test]
@@ -191,7 +204,10 @@ fn open_schemas_stream_json_prefixes_and_validate_when_finished() {
                 seed: Some(i as u32),
                 ..SamplingParams::default()
             }),
-            ..GenerateRequest::new(e.chat_prompt(&[ChatMessage::user(prompt)]).expect("template"))
+            ..GenerateRequest::new(
+                e.chat_prompt(&[ChatMessage::user(prompt)])
+                    .expect("template"),
+            )
         };
         let c = run_checking_json_prefix(&e, req, prompt);
         assert_schema_guarantee(prompt, &schema, &c);
@@ -213,7 +229,11 @@ fn bounded_json_mode_always_ends_with_an_object_within_the_bounds() {
     };
     let longest = bounds.json_object_max_bytes().expect("bounded");
     assert!(longest < 6000, "{longest}");
-    let prompts = ["Describe a cat in JSON.", "Give me a recipe as JSON.", "A user profile as JSON."];
+    let prompts = [
+        "Describe a cat in JSON.",
+        "Give me a recipe as JSON.",
+        "A user profile as JSON.",
+    ];
     for (i, prompt) in prompts.iter().enumerate() {
         for seed in 0..2u32 {
             let req = GenerateRequest {
@@ -225,7 +245,10 @@ fn bounded_json_mode_always_ends_with_an_object_within_the_bounds() {
                     json_bounds: bounds,
                     ..SamplingParams::default()
                 }),
-                ..GenerateRequest::new(e.chat_prompt(&[ChatMessage::user(*prompt)]).expect("template"))
+                ..GenerateRequest::new(
+                    e.chat_prompt(&[ChatMessage::user(*prompt)])
+                        .expect("template"),
+                )
             };
             let c = run_checking_json_prefix(&e, req, prompt);
             assert_eq!(c.finish_reason, FinishReason::Eos, "{prompt}: {:?}", c.text);
@@ -242,11 +265,19 @@ fn assert_within_bounds(v: &serde_json::Value, b: &JsonBounds, depth: u32) {
             assert!(s.chars().count() <= b.max_string_chars as usize, "{s:?}");
         }
         serde_json::Value::Array(items) => {
-            assert!(depth <= b.max_depth && items.len() <= b.max_array_items as usize, "{v}");
-            items.iter().for_each(|x| assert_within_bounds(x, b, depth + 1));
+            assert!(
+                depth <= b.max_depth && items.len() <= b.max_array_items as usize,
+                "{v}"
+            );
+            items
+                .iter()
+                .for_each(|x| assert_within_bounds(x, b, depth + 1));
         }
         serde_json::Value::Object(members) => {
-            assert!(depth <= b.max_depth && members.len() <= b.max_object_members as usize, "{v}");
+            assert!(
+                depth <= b.max_depth && members.len() <= b.max_object_members as usize,
+                "{v}"
+            );
             for (k, x) in members {
                 assert!(k.chars().count() <= b.max_string_chars as usize, "{k:?}");
                 assert_within_bounds(x, b, depth + 1);

@@ -67,7 +67,18 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         proptest::bool::weighted(0.1),
     )
         .prop_map(
-            |(step, base, prefix_len, suffix, max_tokens, stop, cancel_after, poison, greedy, repeatable)| {
+            |(
+                step,
+                base,
+                prefix_len,
+                suffix,
+                max_tokens,
+                stop,
+                cancel_after,
+                poison,
+                greedy,
+                repeatable,
+            )| {
                 Arrival {
                     step,
                     base,
@@ -223,7 +234,12 @@ fn check_invariants(h: &Harness) -> Result<(), TestCaseError> {
         "a lease outlived its slot"
     );
     // A repeatable request runs alone.
-    let busy: Vec<_> = h.core.slots().iter().filter_map(|s| s.work.as_ref()).collect();
+    let busy: Vec<_> = h
+        .core
+        .slots()
+        .iter()
+        .filter_map(|s| s.work.as_ref())
+        .collect();
     if busy.iter().any(|w| w.repeatable) {
         prop_assert_eq!(busy.len(), 1, "a repeatable request shares the engine");
     }

@@ -468,7 +468,8 @@ impl<B: Backend> EngineCore<B> {
             let is_embed = matches!(front.kind, PreparedKind::Embed { .. });
             let encoder = self.vocab.info().has_encoder && !self.vocab.info().has_decoder;
             let busy = self.slots.iter().filter_map(|s| s.work.as_ref());
-            let (any_busy, exclusive_running) = busy.fold((false, false), |(_, ex), w| (true, ex || w.repeatable));
+            let (any_busy, exclusive_running) =
+                busy.fold((false, false), |(_, ex), w| (true, ex || w.repeatable));
             // A repeatable request runs alone: it waits for the others to
             // finish, and nothing joins it.
             if exclusive_running || (front.repeatable && any_busy) {

@@ -243,8 +243,8 @@ mod tests {
     fn json_bounds_switch_off_or_override_the_targets() {
         let d = SamplingParams::default();
         let bounds_of = |v: serde_json::Value| {
-            let f: SamplingFields = serde_json::from_value(serde_json::json!({ "json_bounds": v }))
-                .expect("parses");
+            let f: SamplingFields =
+                serde_json::from_value(serde_json::json!({ "json_bounds": v })).expect("parses");
             request_from_openai(&f, None, None, None, &d, "x".into())
                 .expect("maps")
                 .sampling

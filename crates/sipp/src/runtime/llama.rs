@@ -23,9 +23,7 @@ use super::{
     SampleError, Sampled, SamplerSpec, SeqId, Token, Vocab,
 };
 use crate::config::{FlashAttention, NativeRuntimeConfig, PlacementConfig};
-use crate::sampling::{
-    BiasTarget, JsonBounds, OutputConstraint, SamplerStage, SamplingError,
-};
+use crate::sampling::{BiasTarget, JsonBounds, OutputConstraint, SamplerStage, SamplingError};
 
 /// llama.cpp's process-wide backend; initialized once.
 fn backend() -> Result<&'static LlamaBackend, RuntimeError> {
@@ -848,11 +846,17 @@ mod tests {
     #[test]
     fn converted_schemas_get_the_bounds_and_compact_whitespace() {
         let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "string"}}});
-        let compact = JsonBounds { compact_whitespace: true, ..JsonBounds::default() };
+        let compact = JsonBounds {
+            compact_whitespace: true,
+            ..JsonBounds::default()
+        };
         let gbnf = schema_to_gbnf(&schema, &compact).expect("converts");
         assert!(gbnf.lines().any(|l| l == r#"space ::= | " ""#), "{gbnf}");
         assert!(gbnf.contains("{0,64}"), "string bound: {gbnf}");
         let open = schema_to_gbnf(&schema, &JsonBounds::unbounded()).expect("converts");
-        assert!(open.contains(r#""\n"{1,2}"#) && !open.contains("{0,64}"), "{open}");
+        assert!(
+            open.contains(r#""\n"{1,2}"#) && !open.contains("{0,64}"),
+            "{open}"
+        );
     }
 }

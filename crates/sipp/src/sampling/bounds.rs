@@ -101,7 +101,9 @@ impl JsonBounds {
             if v > MAX_BOUND {
                 return Err(crate::sampling::SamplingError::Invalid {
                     field: "json_bounds",
-                    message: format!("`{name}` must be at most {MAX_BOUND} (0 turns it off), got {v}"),
+                    message: format!(
+                        "`{name}` must be at most {MAX_BOUND} (0 turns it off), got {v}"
+                    ),
                 });
             }
         }
@@ -166,7 +168,8 @@ impl JsonBounds {
         let string = 2 + 6 * s + ws;
         let number = 17 + 17 + 18 + ws;
         let scalar = string.max(number).max(5 + ws);
-        let container = |count: u64, item: u64| 1 + ws + count * item + (count - 1) * (1 + ws) + 1 + ws;
+        let container =
+            |count: u64, item: u64| 1 + ws + count * item + (count - 1) * (1 + ws) + 1 + ws;
         // From the deepest level up: value(d) may hold object(d+1) / array(d+1).
         let mut value = scalar;
         let mut object = 0;
@@ -321,12 +324,18 @@ mod tests {
         assert!(g.contains("char{0,64}"), "{g}");
         assert!(g.contains("(\",\" ws member1){0,15}"), "{g}");
         assert!(g.contains("(\",\" ws value1){0,7}"), "{g}");
-        assert!(g.contains("value4 ::= string"), "deepest level is scalars: {g}");
+        assert!(
+            g.contains("value4 ::= string"),
+            "deepest level is scalars: {g}"
+        );
         assert!(g.contains("value3 ::= object4 | array4 | string"), "{g}");
         assert!(!g.contains("object5"), "{g}");
         let open = JsonBounds::unbounded().json_object_grammar();
         assert!(open.contains("char*"), "{open}");
-        assert!(open.contains("value1 ::= object1 | array1 | string"), "{open}");
+        assert!(
+            open.contains("value1 ::= object1 | array1 | string"),
+            "{open}"
+        );
         assert!(open.contains("(\",\" ws member1)*"), "{open}");
     }
 
@@ -345,12 +354,21 @@ mod tests {
             ws = format!("\n{}", "\t".repeat(20))
         );
         assert_eq!(flat.json_object_max_bytes(), Some(longest.len() as u64));
-        let deeper = JsonBounds { max_depth: 2, ..flat };
+        let deeper = JsonBounds {
+            max_depth: 2,
+            ..flat
+        };
         assert!(deeper.json_object_max_bytes() > flat.json_object_max_bytes());
-        let compact = JsonBounds { compact_whitespace: true, ..flat };
+        let compact = JsonBounds {
+            compact_whitespace: true,
+            ..flat
+        };
         let longest = longest.replace(&format!("\n{}", "\t".repeat(20)), " ");
         assert_eq!(compact.json_object_max_bytes(), Some(longest.len() as u64));
-        assert_eq!(JsonBounds::default().json_object_max_bytes().map(|b| b > 0), Some(true));
+        assert_eq!(
+            JsonBounds::default().json_object_max_bytes().map(|b| b > 0),
+            Some(true)
+        );
         assert_eq!(JsonBounds::unbounded().json_object_max_bytes(), None);
     }
 
@@ -358,7 +376,10 @@ mod tests {
     fn compact_whitespace_replaces_the_converters_space_rule_only() {
         // The shape llama.cpp's converter emits.
         let gbnf = "root ::= \"{\" space \"}\" space\nspace ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\nstring ::= \"x\" space";
-        let compact = JsonBounds { compact_whitespace: true, ..JsonBounds::default() };
+        let compact = JsonBounds {
+            compact_whitespace: true,
+            ..JsonBounds::default()
+        };
         let out = compact.bound_converted_grammar(gbnf);
         assert_eq!(
             out,
@@ -366,7 +387,9 @@ mod tests {
         );
         assert_eq!(JsonBounds::unbounded().bound_converted_grammar(gbnf), gbnf);
         assert!(compact.json_object_grammar().contains("ws ::= | \" \"\n"));
-        assert!(JsonBounds::default().json_object_grammar().contains("[ \\t]{0,20}"));
+        assert!(JsonBounds::default()
+            .json_object_grammar()
+            .contains("[ \\t]{0,20}"));
         assert_eq!(JsonBounds::default().bound_converted_grammar(gbnf), gbnf);
     }
 
@@ -377,8 +400,15 @@ mod tests {
             ..JsonBounds::default()
         };
         let msg = b.validate().expect_err("too large").to_string();
-        assert!(msg.contains("json_bounds") && msg.contains("max_array_items"), "{msg}");
-        JsonBounds::default().validate().expect("defaults are valid");
-        JsonBounds::unbounded().validate().expect("unbounded is valid");
+        assert!(
+            msg.contains("json_bounds") && msg.contains("max_array_items"),
+            "{msg}"
+        );
+        JsonBounds::default()
+            .validate()
+            .expect("defaults are valid");
+        JsonBounds::unbounded()
+            .validate()
+            .expect("unbounded is valid");
     }
 }

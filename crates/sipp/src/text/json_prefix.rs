@@ -214,7 +214,14 @@ fn scan_number(b: &[u8], start: usize) -> (usize, NumberEnd) {
     if i < b.len() && b[i] == b'.' {
         i += 1;
         if digits(&mut i) == 0 {
-            return (i, if i == b.len() { NumberEnd::AtEnd } else { NumberEnd::Invalid });
+            return (
+                i,
+                if i == b.len() {
+                    NumberEnd::AtEnd
+                } else {
+                    NumberEnd::Invalid
+                },
+            );
         }
     }
     if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
@@ -223,7 +230,14 @@ fn scan_number(b: &[u8], start: usize) -> (usize, NumberEnd) {
             i += 1;
         }
         if digits(&mut i) == 0 {
-            return (i, if i == b.len() { NumberEnd::AtEnd } else { NumberEnd::Invalid });
+            return (
+                i,
+                if i == b.len() {
+                    NumberEnd::AtEnd
+                } else {
+                    NumberEnd::Invalid
+                },
+            );
         }
     }
     if i == b.len() {
@@ -245,8 +259,21 @@ mod tests {
             assert!(is_json_prefix(&doc[..end]), "{:?}", &doc[..end]);
         }
         for bad in [
-            "}", "{]", "[1,]", "{\"a\" 1}", "{\"a\": tru ", "01", "[1] 2", "{\"a\":1,}",
-            "\"\\x\"", "[-]", "[1.]", "{1: 2}", "nul ", "[\"a\nb\"]", "\"\\u12g4\"",
+            "}",
+            "{]",
+            "[1,]",
+            "{\"a\" 1}",
+            "{\"a\": tru ",
+            "01",
+            "[1] 2",
+            "{\"a\":1,}",
+            "\"\\x\"",
+            "[-]",
+            "[1.]",
+            "{1: 2}",
+            "nul ",
+            "[\"a\nb\"]",
+            "\"\\u12g4\"",
         ] {
             assert!(!is_json_prefix(bad), "{bad:?} is not a JSON prefix");
         }
