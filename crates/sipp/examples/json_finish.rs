@@ -41,19 +41,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.context.n_parallel = 16;
     let engine = Engine::load(&sipp::models::resolve_or_fetch("default")?, cfg)?;
     let settings = [
-        ("off", JsonBounds::unbounded(), 0.0),
-        ("default", JsonBounds::default(), 0.0),
+        ("off", JsonBounds::unbounded()),
+        ("default", JsonBounds::default()),
     ];
     // A fourth argument names one setting to run alone.
     let only = args.next();
     let settings: Vec<_> = settings
         .into_iter()
-        .filter(|(name, _, _)| only.as_deref().is_none_or(|o| o == *name))
+        .filter(|(name, _)| only.as_deref().is_none_or(|o| o == *name))
         .collect();
     let mut tallies: Vec<Tally> = settings.iter().map(|_| Tally::default()).collect();
     let started = Instant::now();
     for seed in 1..=seeds {
-        for ((name, bounds, dry), tally) in settings.iter().zip(tallies.iter_mut()) {
+        for ((name, bounds), tally) in settings.iter().zip(tallies.iter_mut()) {
             let mut handles = Vec::new();
             for case in &cases {
                 let prompt = case["prompt"].as_str().unwrap_or_default();
@@ -67,7 +67,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         temperature,
                         seed: Some(seed),
                         json_bounds: *bounds,
-                        dry_multiplier: *dry,
                         ..SamplingParams::default()
                     }),
                     constraint: Some(constraint),
@@ -103,9 +102,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{} cases x {seeds} seeds, temperature {temperature}, max_tokens {max_tokens}",
         cases.len()
     );
-    for ((name, bounds, dry), t) in settings.iter().zip(&tallies) {
+    for ((name, bounds), t) in settings.iter().zip(&tallies) {
         println!(
-            "bounds {name:8} {bounds:?} dry {dry}\n  finished {}/{} ({:.1}%), of those parse {}/{}, mean tokens {:.1}",
+            "bounds {name:8} {bounds:?}\n  finished {}/{} ({:.1}%), of those parse {}/{}, mean tokens {:.1}",
             t.finished,
             t.runs,
             100.0 * f64::from(t.finished) / f64::from(t.runs.max(1)),

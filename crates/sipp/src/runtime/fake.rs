@@ -541,15 +541,14 @@ impl Backend for FakeBackend {
     }
 
     fn kv_seq_positions(&self, seq: SeqId) -> Option<(u32, u32)> {
-        let held = self
-            .cells
-            .iter()
-            .flatten()
-            .filter(|c| c.seqs.contains(&seq));
-        let (min, max) = held.fold((u32::MAX, None), |(lo, hi): (u32, Option<u32>), c| {
-            (lo.min(c.pos), Some(hi.map_or(c.pos, |h| h.max(c.pos))))
-        });
-        max.map(|max| (min, max))
+        let positions = || {
+            self.cells
+                .iter()
+                .flatten()
+                .filter(|c| c.seqs.contains(&seq))
+                .map(|c| c.pos)
+        };
+        Some((positions().min()?, positions().max()?))
     }
 
     fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8> {
