@@ -24,8 +24,7 @@ fn check(r: Result<sipp::engine::GenerateRequest, sipp::engine::EngineError>) {
 fuzz_target!(|data: &[u8]| {
     let defaults = SamplingParams::default();
     if let Ok(r) = serde_json::from_slice::<CompletionRequest>(data) {
-        let lp = r.logprobs.and_then(|l| u32::try_from(l).ok());
-        check(request_from_openai(&r.sampling, r.max_tokens, lp, None, &defaults, PromptInput::Text(String::new())));
+        check(request_from_openai(&r.sampling, r.max_tokens, r.logprobs, None, &defaults, PromptInput::Text(String::new())));
     }
     if let Ok(r) = serde_json::from_slice::<ChatCompletionRequest>(data) {
         check(request_from_openai(&r.sampling, r.max_tokens, None, r.response_format.as_ref(), &defaults, PromptInput::Text(String::new())));

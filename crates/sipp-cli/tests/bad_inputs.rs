@@ -56,7 +56,7 @@ fn catalogue() -> Vec<Case> {
             c,
             r#"{"prompt": {"a": 1}}"#,
             400,
-            "JSON",
+            "prompt",
         ),
         case("missing prompt", c, r#"{"max_tokens": 3}"#, 400, "prompt"),
         case("empty prompt", c, r#"{"prompt": ""}"#, 400, "prompt"),
@@ -80,7 +80,7 @@ fn catalogue() -> Vec<Case> {
             c,
             r#"{"prompt": "x", "max_tokens": "ten"}"#,
             400,
-            "JSON",
+            "max_tokens",
         ),
         case(
             "negative max_tokens",
@@ -108,7 +108,7 @@ fn catalogue() -> Vec<Case> {
             c,
             r#"{"prompt": "x", "max_tokens": 1e30}"#,
             400,
-            "JSON",
+            "max_tokens",
         ),
         case(
             "negative temperature",
@@ -122,7 +122,7 @@ fn catalogue() -> Vec<Case> {
             c,
             r#"{"prompt": "x", "temperature": "hot"}"#,
             400,
-            "JSON",
+            "temperature",
         ),
         case(
             "infinite temperature",
@@ -164,7 +164,14 @@ fn catalogue() -> Vec<Case> {
         case(
             "too many logprobs",
             c,
-            r#"{"prompt": "x", "logprobs": 9}"#,
+            r#"{"prompt": "x", "logprobs": 21}"#,
+            400,
+            "logprobs",
+        ),
+        case(
+            "negative logprobs",
+            c,
+            r#"{"prompt": "x", "logprobs": -1}"#,
             400,
             "logprobs",
         ),
@@ -187,7 +194,7 @@ fn catalogue() -> Vec<Case> {
             c,
             r#"{"prompt": "x", "stop": 5}"#,
             400,
-            "JSON",
+            "stop",
         ),
         case(
             "too many stop strings",
@@ -271,21 +278,21 @@ fn catalogue() -> Vec<Case> {
             ch,
             r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
             400,
-            "JSON",
+            "messages[0].role",
         ),
         case(
             "content of wrong type",
             ch,
             r#"{"messages": [{"role": "user", "content": 5}]}"#,
             400,
-            "JSON",
+            "messages[0].content",
         ),
         case(
             "message without content",
             ch,
             r#"{"messages": [{"role": "user"}]}"#,
             400,
-            "JSON",
+            "messages[0]",
         ),
         case(
             "tools",
@@ -295,6 +302,13 @@ fn catalogue() -> Vec<Case> {
             ),
             400,
             "tools",
+        ),
+        case(
+            "too many top_logprobs",
+            ch,
+            &format!(r#"{{{ok_msgs}, "logprobs": true, "top_logprobs": 21}}"#),
+            400,
+            "top_logprobs",
         ),
         case(
             "top_logprobs without logprobs",
@@ -308,7 +322,7 @@ fn catalogue() -> Vec<Case> {
             ch,
             &format!(r#"{{{ok_msgs}, "max_completion_tokens": -2}}"#),
             400,
-            "max_tokens",
+            "max_completion_tokens",
         ),
         case(
             "json_schema format without schema",
@@ -324,7 +338,7 @@ fn catalogue() -> Vec<Case> {
             ch,
             &format!(r#"{{{ok_msgs}, "response_format": {{"type": "xml"}}}}"#),
             400,
-            "JSON",
+            "response_format.type",
         ),
         case(
             "grammar and json mode together",
@@ -347,7 +361,7 @@ fn catalogue() -> Vec<Case> {
             e,
             r#"{"input": {"a": 1}}"#,
             400,
-            "JSON",
+            "input",
         ),
         case(
             "embeddings: bad encoding_format",
@@ -375,14 +389,14 @@ fn catalogue() -> Vec<Case> {
             "/v1/query",
             r#"{"max_tokens": 2}"#,
             400,
-            "JSON",
+            "prompt",
         ),
         case(
             "native embed without input",
             "/v1/embed",
             r#"{}"#,
             400,
-            "JSON",
+            "input",
         ),
         case(
             "detokenize negative id",
@@ -396,7 +410,7 @@ fn catalogue() -> Vec<Case> {
             "/tokenize",
             r#"{}"#,
             400,
-            "JSON",
+            "content",
         ),
     ];
     let mut invalid_utf8 = br#"{"prompt": ""#.to_vec();

@@ -491,8 +491,14 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
     assert_eq!(st, 200);
 }
 
+/// The process answers /health as soon as it listens, turns ready, and
+/// drains on SIGTERM. Whether the first probe still sees the model loading
+/// depends on timing (a small model loads in well under a second), so the
+/// loading phase itself (503 `loading`, then 200) is checked deterministically
+/// in-process in `crates/sipp-server/tests/app_fake/lifecycle.rs`; here the
+/// first answer must be one of the two, with the body that matches its status.
 #[test]
-fn health_is_503_while_loading_and_sigterm_drains() {
+fn health_answers_while_loading_turns_ready_and_sigterm_drains() {
     let fetch = std::process::Command::new(env!("CARGO_BIN_EXE_sipp"))
         .args(["models", "fetch"])
         .output()
@@ -522,10 +528,14 @@ fn health_is_503_while_loading_and_sigterm_drains() {
     let first = Client::new()
         .get(format!("{base}/health"))
         .send()
-        .expect("health")
-        .status()
-        .as_u16();
-    assert!(first == 503 || first == 200);
+        .expect("health answers before the model is known to be loaded");
+    let status = first.status().as_u16();
+    let body: Value = first.json().expect("health body is JSON");
+    match status {
+        503 => assert_eq!(body, json!({"status": "loading"})),
+        200 => assert_eq!(body, json!({"status": "ok"})),
+        other => panic!("/health answered {other} {body} while starting"),
+    }
     assert!(eventually(Duration::from_secs(60), || {
         Client::new()
             .get(format!("{base}/health"))

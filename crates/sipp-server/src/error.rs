@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use sipp::chat::ChatError;
 use sipp::engine::EngineError;
 use sipp::protocol::openai::{ErrorBody, ErrorDetail};
+use sipp::sampling::SamplingError;
 
 /// An error answered to a client.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +111,35 @@ impl ApiError {
         )
     }
 
+    /// The same error naming the request's field `to` where the engine named
+    /// its `from` (the engine calls every input `prompt`; an embeddings request
+    /// calls it `input`, a chat request `messages`).
+    pub fn renamed_param(mut self, from: &str, to: &str) -> Self {
+        if self.param.as_deref() == Some(from) {
+            self.param = Some(to.to_string());
+            let (from, to) = (format!("`{from}`"), format!("`{to}`"));
+            self.message = if self.message.contains(&from) {
+                self.message.replace(&from, &to)
+            } else {
+                format!("invalid {to}: {}", self.message)
+            };
+        }
+        self
+    }
+
+    /// 400 `unsupported` naming `model`, for a model that cannot generate
+    /// (checked before a chat template is looked for, which such a model
+    /// usually lacks too).
+    pub fn cannot_generate(engine: &sipp::Engine) -> Option<Self> {
+        (!engine.info().can_generate).then(|| {
+            EngineError::Unsupported(format!(
+                "{} computes embeddings; it cannot generate text",
+                engine.info().model.name.as_deref().unwrap_or("this model")
+            ))
+            .into()
+        })
+    }
+
     /// The body.
     pub fn body(&self) -> ErrorBody {
         ErrorBody {
@@ -144,7 +174,18 @@ impl From<EngineError> for ApiError {
                 param: Some((*field).to_string()),
                 ..Self::bad_request(message)
             },
-            EngineError::Sampling(_) | EngineError::Tokenize(_) => Self::bad_request(message),
+            EngineError::Sampling(s) => Self {
+                param: Some(
+                    match s {
+                        SamplingError::Invalid { field, .. } => field,
+                        SamplingError::Grammar(_) => "grammar",
+                        SamplingError::Schema(_) => "json_schema",
+                    }
+                    .to_string(),
+                ),
+                ..Self::bad_request(message)
+            },
+            EngineError::Tokenize(_) => Self::bad_request(message),
             EngineError::Chat(ChatError::NoMessages) => Self {
                 param: Some("messages".into()),
                 ..Self::bad_request(message)
@@ -158,12 +199,17 @@ impl From<EngineError> for ApiError {
                     message,
                 )
             },
-            EngineError::Unsupported(_) => Self::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                Some("unsupported"),
-                message,
-            ),
+            // The model (or how its context is configured) cannot do this:
+            // another `model` can.
+            EngineError::Unsupported(_) => Self {
+                param: Some("model".into()),
+                ..Self::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    Some("unsupported"),
+                    message,
+                )
+            },
             EngineError::QueueFull { .. } => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
@@ -204,5 +250,185 @@ impl IntoResponse for ApiError {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every engine error maps to a status, OpenAI type and code, and names
+    /// the field when there is one (the ones the fake backend cannot produce
+    /// through the routes are here; the rest are in tests/app_fake).
+    #[test]
+    fn engine_errors_map_to_status_type_code_and_param() {
+        // (error, status, type, code, param)
+        type Case = (
+            EngineError,
+            u16,
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                EngineError::PromptTooLong {
+                    prompt_tokens: 10,
+                    n_ctx: 8,
+                },
+                400,
+                "invalid_request_error",
+                Some("context_length_exceeded"),
+                Some("prompt"),
+            ),
+            (
+                EngineError::InputTooLong { tokens: 10, max: 8 },
+                400,
+                "invalid_request_error",
+                Some("context_length_exceeded"),
+                Some("prompt"),
+            ),
+            (
+                EngineError::EmptyPrompt,
+                400,
+                "invalid_request_error",
+                None,
+                Some("prompt"),
+            ),
+            (
+                EngineError::InvalidRequest {
+                    field: "stop",
+                    message: "too many".into(),
+                },
+                400,
+                "invalid_request_error",
+                None,
+                Some("stop"),
+            ),
+            (
+                SamplingError::Invalid {
+                    field: "top_p",
+                    message: "must be in (0, 1]".into(),
+                }
+                .into(),
+                400,
+                "invalid_request_error",
+                None,
+                Some("top_p"),
+            ),
+            (
+                SamplingError::Grammar("bad".into()).into(),
+                400,
+                "invalid_request_error",
+                None,
+                Some("grammar"),
+            ),
+            (
+                SamplingError::Schema("bad".into()).into(),
+                400,
+                "invalid_request_error",
+                None,
+                Some("json_schema"),
+            ),
+            (
+                EngineError::Tokenize("bad".into()),
+                400,
+                "invalid_request_error",
+                None,
+                None,
+            ),
+            (
+                ChatError::NoMessages.into(),
+                400,
+                "invalid_request_error",
+                None,
+                Some("messages"),
+            ),
+            (
+                ChatError::NoTemplate.into(),
+                400,
+                "invalid_request_error",
+                Some("chat_template_error"),
+                Some("messages"),
+            ),
+            (
+                EngineError::Unsupported("embeddings only".into()),
+                400,
+                "invalid_request_error",
+                Some("unsupported"),
+                Some("model"),
+            ),
+            (
+                EngineError::QueueFull { max_queued: 1 },
+                429,
+                "rate_limit_error",
+                Some("queue_full"),
+                None,
+            ),
+            (
+                EngineError::GrammarExhausted { generated: 3 },
+                400,
+                "invalid_request_error",
+                Some("grammar_exhausted"),
+                None,
+            ),
+            (
+                EngineError::KvCacheFull("no room".into()),
+                503,
+                "server_error",
+                Some("unavailable"),
+                None,
+            ),
+            (
+                EngineError::EngineStopped,
+                503,
+                "server_error",
+                Some("unavailable"),
+                None,
+            ),
+            (
+                EngineError::Decode("-3".into()),
+                500,
+                "server_error",
+                Some("decode_failed"),
+                None,
+            ),
+        ];
+        for (e, status, kind, code, param) in cases {
+            let text = e.to_string();
+            let a = ApiError::from(e);
+            assert_eq!(a.status.as_u16(), status, "{text}");
+            assert_eq!(a.kind, kind, "{text}");
+            assert_eq!(a.code, code, "{text}");
+            assert_eq!(a.param.as_deref(), param, "{text}");
+            assert_eq!(a.message, text);
+        }
+    }
+
+    #[test]
+    fn renamed_param_names_the_request_field() {
+        let a = ApiError::from(EngineError::EmptyPrompt).renamed_param("prompt", "input");
+        assert_eq!(a.param.as_deref(), Some("input"));
+        assert!(a.message.contains("`input`"), "{}", a.message);
+        let a = ApiError::from(EngineError::InvalidRequest {
+            field: "prompt",
+            message: "token id 999 is outside the vocabulary".into(),
+        })
+        .renamed_param("prompt", "input");
+        assert_eq!(
+            a.message,
+            "invalid `input`: token id 999 is outside the vocabulary"
+        );
+        // Other fields are left alone.
+        let a = ApiError::bad_field("stop", "too many").renamed_param("prompt", "input");
+        assert_eq!(a.param.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn statuses_carry_their_headers() {
+        let r = ApiError::from(EngineError::QueueFull { max_queued: 1 }).into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = ApiError::unauthorized("no").into_response();
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
     }
 }

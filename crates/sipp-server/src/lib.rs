@@ -76,7 +76,6 @@ pub async fn bind(config: &ServeConfig) -> std::io::Result<(tokio::net::TcpListe
     let listener =
         tokio::net::TcpListener::bind((config.server.host.as_str(), config.server.port)).await?;
     let state = AppState::new(config);
-    state.metrics.attach_engines(state.targets.clone());
     state.spawn_loading(config.models.clone());
     Ok((listener, state))
 }

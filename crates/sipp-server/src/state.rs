@@ -72,7 +72,8 @@ pub enum Health {
 }
 
 impl AppState {
-    /// State for a configuration; every target starts as loading.
+    /// State for a configuration; every target starts as loading, and the
+    /// metrics read every engine that becomes ready.
     pub fn new(config: &ServeConfig) -> Self {
         let mut targets = BTreeMap::new();
         let mut aliases = HashMap::new();
@@ -95,14 +96,17 @@ impl AppState {
             .iter()
             .map(|k| crate::auth::digest(k))
             .collect();
+        let targets = Arc::new(RwLock::new(targets));
+        let metrics = ServerMetrics::default();
+        metrics.attach_engines(targets.clone());
         Self {
-            targets: Arc::new(RwLock::new(targets)),
+            targets,
             aliases: Arc::new(aliases),
             default_model: Arc::new(default_model),
             api_key_digests: Arc::new(api_key_digests),
             protect_health: config.server.protect_health,
             max_body_bytes: config.server.max_body_bytes,
-            metrics: Arc::new(ServerMetrics::default()),
+            metrics: Arc::new(metrics),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -189,6 +193,24 @@ impl AppState {
     /// Loads every target on blocking threads, one after another; provider
     /// targets are set up at once (nothing to load).
     pub fn spawn_loading(&self, models: Vec<ModelTarget>) -> tokio::task::JoinHandle<()> {
+        self.spawn_loading_with(models, |m| {
+            let path = sipp::models::resolve_or_fetch(&m.model).map_err(|e| e.to_string())?;
+            Engine::load(&path, m.runtime.clone()).map_err(|e| e.to_string())
+        })
+    }
+
+    /// [`spawn_loading`](Self::spawn_loading) with `load` starting each local
+    /// target's engine (on a blocking thread, in order): a target is loading
+    /// until its `load` returns, then ready or failed. Tests start engines on
+    /// the fake backend this way.
+    pub fn spawn_loading_with<F>(
+        &self,
+        models: Vec<ModelTarget>,
+        load: F,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        F: Fn(&ModelTarget) -> Result<Engine, String> + Send + 'static,
+    {
         let state = self.clone();
         let (remote, local): (Vec<_>, Vec<_>) =
             models.into_iter().partition(|m| m.provider.is_some());
@@ -232,12 +254,7 @@ impl AppState {
         }
         tokio::task::spawn_blocking(move || {
             for m in local {
-                let result = sipp::models::resolve_or_fetch(&m.model)
-                    .map_err(|e| e.to_string())
-                    .and_then(|path| {
-                        Engine::load(&path, m.runtime.clone()).map_err(|e| e.to_string())
-                    });
-                match result {
+                match load(&m) {
                     Ok(engine) => {
                         tracing::info!(model = %m.id, "model loaded");
                         state.set_target(&m.id, TargetState::Ready(Target::Local(engine)));

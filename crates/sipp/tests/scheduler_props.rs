@@ -10,12 +10,12 @@ use proptest::prelude::*;
 use sipp::config::{CacheMode, NativeRuntimeConfig};
 use sipp::engine::{
     Completion, EngineCore, EngineError, EngineInfo, EngineMetrics, GenerateRequest, PromptInput,
-    RequestEvent, RequestPreparer,
+    QueuePlace, RequestEvent, RequestPreparer,
 };
 use sipp::runtime::fake::{FakeBackend, FakeConfig};
 use sipp::runtime::{Backend, Token};
 use sipp::sampling::SamplingParams;
-use sipp::scheduler::SlotPhase;
+use sipp::scheduler::{Slot, SlotPhase};
 use sipp::text::FinishReason;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -169,12 +169,7 @@ fn harness(sc: &Scenario) -> Harness {
     let info = EngineInfo::new(&backend, &cfg);
     let preparer = RequestPreparer::new(backend.vocab(), info);
     let queued = Arc::new(AtomicUsize::new(0));
-    let core = EngineCore::new(
-        backend,
-        &cfg,
-        Arc::new(EngineMetrics::default()),
-        queued.clone(),
-    );
+    let core = EngineCore::new(backend, &cfg, Arc::new(EngineMetrics::default()));
     Harness {
         core,
         preparer,
@@ -211,13 +206,13 @@ fn check_invariants(h: &Harness) -> Result<(), TestCaseError> {
     );
     // Busy slots hold current leases on distinct sequences.
     let mut seqs = std::collections::HashSet::new();
-    for s in h.core.slots() {
-        if let Some(w) = &s.work {
-            let lease = sipp::scheduler::HasTokens::tokens(w).lease;
+    for (i, s) in h.core.slots().iter().enumerate() {
+        if let Some(w) = s.running() {
+            let lease = w.tokens.lease;
             prop_assert!(
                 sessions.check(lease).is_ok(),
                 "slot {} holds a stale lease",
-                s.slot_id
+                i
             );
             prop_assert!(
                 seqs.insert(lease.seq_id),
@@ -225,7 +220,7 @@ fn check_invariants(h: &Harness) -> Result<(), TestCaseError> {
                 lease.seq_id
             );
         } else {
-            prop_assert_eq!(s.phase, SlotPhase::Idle);
+            prop_assert_eq!(s.phase(), SlotPhase::Idle);
         }
     }
     prop_assert_eq!(
@@ -234,12 +229,7 @@ fn check_invariants(h: &Harness) -> Result<(), TestCaseError> {
         "a lease outlived its slot"
     );
     // A repeatable request runs alone.
-    let busy: Vec<_> = h
-        .core
-        .slots()
-        .iter()
-        .filter_map(|s| s.work.as_ref())
-        .collect();
+    let busy: Vec<_> = h.core.slots().iter().filter_map(Slot::running).collect();
     if busy.iter().any(|w| w.repeatable) {
         prop_assert_eq!(busy.len(), 1, "a repeatable request shares the engine");
     }
@@ -288,8 +278,8 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
             };
             match h.preparer.prepare_generate(id, req, tx) {
                 Ok(p) => {
-                    h.queued.fetch_add(1, Ordering::SeqCst);
-                    h.core.enqueue(p);
+                    let place = QueuePlace::reserve(&h.queued, usize::MAX);
+                    h.core.enqueue(p, place);
                     ids.push(Some(id));
                 }
                 Err(e) => {
@@ -302,7 +292,20 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
         for (k, t) in tracked.iter().enumerate() {
             if let (Some(c), Some(id)) = (t.arrival.cancel_after, ids[k]) {
                 if t.submitted_step + c == step {
+                    let leased = h.core.sessions().leased_count();
+                    let held = h.core.slots().iter().any(|s| s.serves(id));
                     h.core.cancel(id);
+                    // A cancel frees its slot and lease at once, not at the next step.
+                    prop_assert!(
+                        !h.core.slots().iter().any(|s| s.serves(id)),
+                        "request {} still holds a slot after its cancel",
+                        id
+                    );
+                    prop_assert_eq!(
+                        h.core.sessions().leased_count(),
+                        leased - usize::from(held),
+                        "the cancelled request's lease is released"
+                    );
                 }
             }
         }
@@ -314,14 +317,14 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
             .core
             .slots()
             .iter()
-            .filter(|s| matches!(s.phase, SlotPhase::Decode | SlotPhase::EmitBuffered))
-            .filter_map(|s| {
-                s.work.as_ref().map(|w| {
-                    let t = sipp::scheduler::HasTokens::tokens(w);
+            .enumerate()
+            .filter(|(_, s)| matches!(s.phase(), SlotPhase::Decode | SlotPhase::EmitBuffered))
+            .filter_map(|(i, s)| {
+                s.running().map(|w| {
                     (
-                        s.slot_id,
+                        i,
                         (
-                            t.request_id,
+                            w.tokens.request_id,
                             w.counters.decode_steps,
                             w.counters.preemptions,
                         ),
@@ -333,15 +336,14 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
         h.core.step();
         check_invariants(&h)?;
         if !injected {
-            for s in h.core.slots() {
-                if let (Some(w), Some(&(id, steps, pre))) = (&s.work, decoding.get(&s.slot_id)) {
-                    let t = sipp::scheduler::HasTokens::tokens(w);
-                    if t.request_id == id && w.counters.preemptions == pre {
+            for (i, s) in h.core.slots().iter().enumerate() {
+                if let (Some(w), Some(&(id, steps, pre))) = (s.running(), decoding.get(&i)) {
+                    if w.tokens.request_id == id && w.counters.preemptions == pre {
                         prop_assert_eq!(
                             w.counters.decode_steps,
                             steps + 1,
                             "slot {} skipped a decode step",
-                            s.slot_id
+                            i
                         );
                     }
                 }
@@ -360,7 +362,7 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
         prop_assert!(step < 5000, "scenario did not finish in 5000 steps");
     }
     prop_assert_eq!(h.core.sessions().leased_count(), 0, "leases leaked");
-    prop_assert!(h.core.slots().iter().all(|s| s.phase == SlotPhase::Idle));
+    prop_assert!(h.core.slots().iter().all(|s| s.phase() == SlotPhase::Idle));
     prop_assert_eq!(h.queued.load(Ordering::SeqCst), 0, "queue gauge leaked");
     let problems = h.core.check_idle_invariants();
     prop_assert!(problems.is_empty(), "idle invariants: {:?}", problems);

@@ -37,9 +37,71 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
                 "the request body is empty; send a JSON object",
             ));
         }
-        serde_json::from_slice(&bytes)
-            .map(ApiJson)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+        parse_body(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a JSON body. Syntax errors are 400 "invalid JSON body"; a value of
+/// the wrong type is a 400 naming its field in `param` (as OpenAI does), found
+/// by its path, or, for fields flattened into the request (where serde loses
+/// the path), as the one top-level key whose removal changes the error.
+fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let (path, inner) = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => match de.end() {
+            Ok(()) => return Ok(v),
+            Err(e) => (String::new(), e),
+        },
+        Err(e) => (e.path().to_string(), e.into_inner()),
+    };
+    if !inner.is_data() {
+        return Err(ApiError::bad_request(format!("invalid JSON body: {inner}")));
+    }
+    let message = inner.to_string();
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|m| m.split('`').next());
+    let field = match missing {
+        // A required field: name it (under its parent's path when nested).
+        Some(name) if path.is_empty() || path == "." => Some(name.to_string()),
+        _ if path.is_empty() || path == "." || path.contains('?') => culprit::<T>(bytes),
+        _ => Some(path),
+    };
+    Err(match field {
+        Some(f) => ApiError::bad_field(&f, inner.to_string()),
+        None => ApiError::bad_request(format!("invalid JSON body: {inner}")),
+    })
+}
+
+/// The top-level key of a JSON object body without which deserializing `T`
+/// no longer fails the same way: the field that holds the bad value.
+/// Bodies over 64 KiB are not searched (each try copies the body).
+fn culprit<T: DeserializeOwned>(bytes: &[u8]) -> Option<String> {
+    if bytes.len() > 64 * 1024 {
+        return None;
+    }
+    let serde_json::Value::Object(map) = serde_json::from_slice(bytes).ok()? else {
+        return None;
+    };
+    let error_without = |key: Option<&str>| {
+        let mut m = map.clone();
+        if let Some(k) = key {
+            m.remove(k);
+        }
+        serde_json::from_value::<T>(serde_json::Value::Object(m))
+            .err()
+            .map(|e| e.to_string())
+    };
+    let message = error_without(None)?;
+    // Removing a required field fails differently, but does not make it the
+    // culprit.
+    let still_fails = |key: &str| {
+        error_without(Some(key)).is_some_and(|e| e == message || e.starts_with("missing field"))
+    };
+    let mut found = map.keys().filter(|k| !still_fails(k));
+    match (found.next(), found.next()) {
+        (Some(k), None) => Some(k.clone()),
+        _ => None,
     }
 }
 

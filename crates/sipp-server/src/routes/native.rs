@@ -37,16 +37,20 @@ fn body_of(model: &str, c: Completion) -> GenerationBody {
     }
 }
 
+/// Runs one generation; `prompt_field` is what the request calls its prompt
+/// (errors about the prompt name it).
 async fn generate(
     state: AppState,
     model: String,
     engine: Engine,
-    prompt: PromptInput,
+    (prompt, prompt_field): (PromptInput, &str),
     options: &TextOptions,
     stream: bool,
 ) -> Result<Response, ApiError> {
     let req = request_from_text_options(options, &engine.info().sampling, prompt)?;
-    let handle = engine.generate(req)?;
+    let handle = engine
+        .generate(req)
+        .map_err(|e| ApiError::from(e).renamed_param("prompt", prompt_field))?;
     if stream {
         let st = state.clone();
         let render = move |item: StreamItem| match item {
@@ -62,7 +66,10 @@ async fn generate(
         };
         return Ok(sse(vec![handle], render, Vec::new).into_response());
     }
-    let c = handle.completion().await?;
+    let c = handle
+        .completion()
+        .await
+        .map_err(|e| ApiError::from(e).renamed_param("prompt", prompt_field))?;
     state.metrics.record_ttft(&model, &c.stats);
     Ok(Json(body_of(&model, c)).into_response())
 }
@@ -81,7 +88,7 @@ pub async fn query(
         state,
         model,
         engine,
-        PromptInput::Text(req.prompt),
+        (PromptInput::Text(req.prompt), "prompt"),
         &req.options,
         req.stream,
     )
@@ -100,8 +107,19 @@ pub async fn chat(
             return super::remote::chat(model, r, req.messages, req.options, req.stream).await
         }
     };
+    if let Some(e) = ApiError::cannot_generate(&engine) {
+        return Err(e);
+    }
     let prompt = engine.chat_prompt(&req.messages)?;
-    generate(state, model, engine, prompt, &req.options, req.stream).await
+    generate(
+        state,
+        model,
+        engine,
+        (prompt, "messages"),
+        &req.options,
+        req.stream,
+    )
+    .await
 }
 
 /// POST /v1/embed.
@@ -127,11 +145,15 @@ pub async fn embed(
                 normalize,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::from(e).renamed_param("prompt", "input"))?;
     let mut data = Vec::with_capacity(handles.len());
     let mut prompt_tokens = 0;
     for (index, h) in handles.into_iter().enumerate() {
-        let e = h.embedding().await?;
+        let e = h
+            .embedding()
+            .await
+            .map_err(|e| ApiError::from(e).renamed_param("prompt", "input"))?;
         prompt_tokens += e.prompt_tokens;
         data.push(EmbeddingItem {
             index,

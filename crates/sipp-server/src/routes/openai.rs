@@ -11,15 +11,24 @@ use sipp::engine::{
     Completion, EmbedRequest, GenerateRequest, PromptInput, RequestHandle, TokenLogprobs, Usage,
 };
 use sipp::protocol::openai::*;
-use sipp::protocol::request_from_openai;
+use sipp::protocol::{request_from_openai, FieldNames};
 use sipp::Engine;
 
 use super::{json_event, new_id, now_secs, sse, ApiJson, StreamItem};
 use crate::error::ApiError;
 use crate::state::{AppState, Target};
 
-/// Most choices one request may ask for.
+/// Most choices one request may ask for (`n` is the server's alone: it submits
+/// one engine request per choice).
 const MAX_CHOICES: i64 = 16;
+
+/// The error naming the engine's fields as the request called them (the
+/// engine owns each field's rule and names the field its own way).
+pub(super) fn named(e: impl Into<ApiError>, names: &FieldNames) -> ApiError {
+    names
+        .iter()
+        .fold(e.into(), |e, (engine, wire)| e.renamed_param(engine, wire))
+}
 
 fn tokens_from_i64(v: &[i64], field: &str) -> Result<Vec<i32>, ApiError> {
     v.iter()
@@ -107,30 +116,61 @@ async fn collect(handles: Vec<RequestHandle>) -> Result<Vec<Completion>, ApiErro
     Ok(out)
 }
 
+/// Where the tokens of a choice start in its text (in bytes), following the
+/// text as the engine decodes it: a character split across tokens is placed
+/// at its start for each of its tokens, and bytes that never became a
+/// character (U+FFFD in the text) come before the token that ended them.
+#[derive(Default)]
+struct TextOffset {
+    /// The length of the text decoded so far.
+    offset: usize,
+    carry: sipp::text::Utf8Carry,
+}
+
+impl TextOffset {
+    /// Text that starts at `offset` (after an echoed prompt).
+    fn at(offset: usize) -> Self {
+        Self {
+            offset,
+            ..Self::default()
+        }
+    }
+
+    /// The offset of a token with these bytes, moving past it.
+    fn next(&mut self, bytes: &[u8]) -> usize {
+        let out = self.carry.push(bytes);
+        // A token that is whole characters ends the text it produced; what
+        // came before it there belongs to earlier tokens.
+        let start = match std::str::from_utf8(bytes) {
+            Ok(own) if !own.is_empty() && out.ends_with(own) => self.offset + out.len() - own.len(),
+            _ => self.offset,
+        };
+        self.offset += out.len();
+        start
+    }
+}
+
+/// Legacy logprobs of `lps`, their `text_offset` from `at`, which moves past
+/// the last.
 fn completion_logprobs(
     lps: &[TokenLogprobs],
-    start_offset: usize,
+    at: &mut TextOffset,
     vocab: &dyn sipp::runtime::Vocab,
 ) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
-    let mut offset = start_offset;
     for lp in lps {
         out.tokens.push(lp.text.clone());
         out.token_logprobs.push(lp.logprobs.chosen.logprob);
-        out.top_logprobs.push(
-            lp.logprobs
-                .top
-                .iter()
-                .map(|t| {
-                    (
-                        String::from_utf8_lossy(&vocab.token_bytes(t.token)).into_owned(),
-                        t.logprob,
-                    )
-                })
-                .collect(),
-        );
-        out.text_offset.push(offset);
-        offset += lp.text.len();
+        // Keyed by text, so tokens that are parts of characters (all U+FFFD)
+        // share a key: it keeps the most likely of them (the alternatives come
+        // most likely first), not the last.
+        let mut top = std::collections::BTreeMap::new();
+        for t in &lp.logprobs.top {
+            top.entry(String::from_utf8_lossy(&vocab.token_bytes(t.token)).into_owned())
+                .or_insert(t.logprob);
+        }
+        out.top_logprobs.push(top);
+        out.text_offset.push(at.next(&vocab.token_bytes(lp.token)));
     }
     out
 }
@@ -188,26 +228,19 @@ pub async fn completions(
             .collect::<Result<_, _>>()?,
     };
     let n = choices_n(req.n)?;
-    let logprobs = match req.logprobs {
-        None => None,
-        Some(k) if (0..=5).contains(&k) => Some(k as u32),
-        Some(k) => {
-            return Err(ApiError::bad_field(
-                "logprobs",
-                format!("must be between 0 and 5, got {k}"),
-            ))
-        }
-    };
+    let names = FieldNames::openai_completion(&req);
     // llama-server's n_predict = -1 means "no limit".
     let max_tokens = req.max_tokens.or(req.n_predict.filter(|&n| n >= 0));
     let base = request_from_openai(
         &req.sampling,
         max_tokens,
-        logprobs,
+        req.logprobs,
         None,
         &engine.info().sampling,
         PromptInput::Text(String::new()),
-    )?;
+    )
+    .map_err(|e| named(e, &names))?;
+    let logprobs = base.logprobs;
     let echo = req.echo.unwrap_or(false);
     let echoes: Vec<String> = prompts
         .iter()
@@ -224,7 +257,7 @@ pub async fn completions(
             ..base.clone()
         })
         .collect();
-    let handles = submit_all(&engine, reqs, n)?;
+    let handles = submit_all(&engine, reqs, n).map_err(|e| named(e, &names))?;
     let id = new_id("cmpl");
     let created = now_secs();
     if req.stream.unwrap_or(false) {
@@ -251,6 +284,10 @@ pub async fn completions(
         let vocab = engine.vocab().clone();
         let st = state.clone();
         let mut echoed = vec![false; echoes.len() * n];
+        // Where each choice's next token starts in its text (after the echo).
+        let mut offsets: Vec<TextOffset> = (0..echoes.len() * n)
+            .map(|i| TextOffset::at(echoes[i / n].len()))
+            .collect();
         let render = move |item: StreamItem| -> Vec<Event> {
             match item {
                 StreamItem::Delta(i, d) => {
@@ -261,7 +298,7 @@ pub async fn completions(
                     }
                     text.push_str(&d.text);
                     let lp = (!d.logprobs.is_empty())
-                        .then(|| completion_logprobs(&d.logprobs, 0, vocab.as_ref()));
+                        .then(|| completion_logprobs(&d.logprobs, &mut offsets[i], vocab.as_ref()));
                     if text.is_empty() && lp.is_none() {
                         return Vec::new();
                     }
@@ -271,7 +308,14 @@ pub async fn completions(
                     st.metrics.record_ttft(&model2, &c.stats);
                     usage2.record(i, c.usage);
                     let reason = c.finish_reason.openai_name().to_string();
-                    vec![json_event(&chunk(i, String::new(), None, Some(reason)))]
+                    // A choice that ended before any delta still echoes its prompt.
+                    let text = if echoed[i] {
+                        String::new()
+                    } else {
+                        echoed[i] = true;
+                        echoes[i / n].clone()
+                    };
+                    vec![json_event(&chunk(i, text, None, Some(reason)))]
                 }
                 StreamItem::Failed(_, e) => vec![json_event(&e.body())],
             }
@@ -299,8 +343,13 @@ pub async fn completions(
             CompletionChoice {
                 index: i,
                 text: format!("{prefix}{}", c.text),
-                logprobs: logprobs
-                    .map(|_| completion_logprobs(&c.logprobs, prefix.len(), vocab.as_ref())),
+                logprobs: logprobs.map(|_| {
+                    completion_logprobs(
+                        &c.logprobs,
+                        &mut TextOffset::at(prefix.len()),
+                        vocab.as_ref(),
+                    )
+                }),
                 finish_reason: Some(c.finish_reason.openai_name().to_string()),
             }
         })
@@ -354,16 +403,13 @@ pub async fn chat_completions(
             ))
         }
         (false, None) => None,
-        (true, None) => Some(0),
-        (true, Some(k)) if (0..=20).contains(&k) => Some(k as u32),
-        (true, Some(k)) => {
-            return Err(ApiError::bad_field(
-                "top_logprobs",
-                format!("must be between 0 and 20, got {k}"),
-            ))
-        }
+        (true, k) => Some(k.unwrap_or(0)),
     };
+    let names = FieldNames::openai_chat(&req);
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    if let Some(e) = ApiError::cannot_generate(&engine) {
+        return Err(e);
+    }
     let prompt = engine.chat_prompt(&req.messages)?;
     let base = request_from_openai(
         &req.sampling,
@@ -372,8 +418,11 @@ pub async fn chat_completions(
         req.response_format.as_ref(),
         &engine.info().sampling,
         prompt,
-    )?;
-    let handles = submit_all(&engine, vec![base], n)?;
+    )
+    .map_err(|e| named(e, &names))?;
+    let logprobs = base.logprobs;
+    let handles = submit_all(&engine, vec![base], n)
+        .map_err(|e| named(e, &names).renamed_param("prompt", "messages"))?;
     let id = new_id("chatcmpl");
     let created = now_secs();
     let vocab = engine.vocab().clone();
@@ -458,7 +507,9 @@ pub async fn chat_completions(
         };
         return Ok(sse(handles, render, tail).into_response());
     }
-    let completions = collect(handles).await?;
+    let completions = collect(handles)
+        .await
+        .map_err(|e| e.renamed_param("prompt", "messages"))?;
     let choices = completions
         .iter()
         .enumerate()
@@ -536,11 +587,15 @@ pub async fn embeddings(
                 normalize: true,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::from(e).renamed_param("prompt", "input"))?;
     let mut data = Vec::with_capacity(handles.len());
     let mut prompt_tokens = 0;
     for (index, h) in handles.into_iter().enumerate() {
-        let e = h.embedding().await?;
+        let e = h
+            .embedding()
+            .await
+            .map_err(|e| ApiError::from(e).renamed_param("prompt", "input"))?;
         prompt_tokens += e.prompt_tokens;
         let embedding = if base64 {
             let bytes: Vec<u8> = e.values.iter().flat_map(|v| v.to_le_bytes()).collect();

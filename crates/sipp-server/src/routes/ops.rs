@@ -130,17 +130,12 @@ pub async fn detokenize(
             "`{id}` is a remote provider; it has no local tokenizer"
         )));
     };
-    let n_vocab = engine.info().model.n_vocab as i64;
-    let mut tokens = Vec::with_capacity(req.tokens.len());
-    for t in req.tokens {
-        if !(0..n_vocab).contains(&t) {
-            return Err(ApiError::bad_field(
-                "tokens",
-                format!("token id {t} is outside the vocabulary (0..{n_vocab})"),
-            ));
-        }
-        tokens.push(t as i32);
-    }
+    let n_vocab = engine.info().model.n_vocab;
+    let tokens = req
+        .tokens
+        .iter()
+        .map(|&t| sipp::engine::validate::token_id("tokens", t, n_vocab))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(serde_json::json!({ "content": engine.vocab().detokenize(&tokens) })).into_response())
 }
 

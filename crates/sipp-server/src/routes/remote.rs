@@ -87,16 +87,14 @@ fn options(
     user: Option<String>,
     stream: bool,
 ) -> Result<RequestOptions, ApiError> {
+    // The engine's rule for max_tokens, without an endpoint limit: the
+    // provider applies its own.
     let max_tokens = match max_tokens {
         None => None,
-        Some(n) if n >= 1 => {
-            Some(u32::try_from(n).map_err(|_| ApiError::bad_field("max_tokens", "is too large"))?)
-        }
         Some(n) => {
-            return Err(ApiError::bad_field(
-                "max_tokens",
-                format!("must be at least 1, got {n}"),
-            ))
+            let n = sipp::protocol::wire_count("max_tokens", n)?;
+            sipp::engine::validate::max_tokens(n, 0)?;
+            Some(n)
         }
     };
     let mut o = RequestOptions {
@@ -289,7 +287,8 @@ pub async fn chat_completions(
         &req.sampling,
         req.max_completion_tokens.or(req.max_tokens),
         stream,
-    )?;
+    )
+    .map_err(|e| super::openai::named(e, &sipp::protocol::FieldNames::openai_chat(&req)))?;
     let run = r
         .client
         .chat(

@@ -5,359 +5,41 @@
 //! event. Dropping a [`RequestHandle`] cancels its request.
 
 mod core;
+mod executor;
 mod metrics;
+mod prepare;
 mod request;
+pub mod validate;
 
-pub use self::core::{
-    EngineCore, EventSink, GenerateSpec, PreparedKind, PreparedRequest, SlotWork,
-};
+pub use self::core::EngineCore;
+pub use executor::Executor;
 pub use metrics::{EngineMetrics, MetricsSnapshot};
+pub use prepare::{EngineInfo, RequestPreparer};
 pub use request::{
-    Completion, EmbedRequest, EmbeddingOutput, EngineError, GenerateRequest, PromptInput,
-    RequestEvent, RequestStats, TextDelta, TokenLogprobs, Usage,
+    Completion, EmbedRequest, EmbeddingOutput, EngineError, EventSink, GenerateRequest,
+    GenerateSpec, PreparedKind, PreparedRequest, PromptInput, QueuePlace, RequestEvent,
+    RequestStats, TextDelta, TokenLogprobs, Usage,
 };
+pub use validate::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};
 
 #[cfg(feature = "llama")]
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::chat::ChatMessage;
 use crate::config::NativeRuntimeConfig;
-use crate::runtime::{Backend, ModelInfo, Pooling, Token, Vocab};
-use crate::sampling::{BiasTarget, LogitBias, SamplingParams};
+use crate::runtime::{Backend, Vocab};
 use crate::scheduler::RequestId;
 
-/// Largest `logprobs` (top alternatives) a request may ask for.
-pub const MAX_TOP_LOGPROBS: u32 = 20;
-/// Most stop strings a request may give.
-pub const MAX_STOP_STRINGS: usize = 16;
-
 enum Command {
-    Submit(PreparedRequest),
+    Submit(PreparedRequest, QueuePlace),
     Cancel(RequestId),
     CancelAll,
     Shutdown,
-}
-
-/// What the engine can do, fixed at start.
-#[derive(Debug, Clone)]
-pub struct EngineInfo {
-    /// The model.
-    pub model: ModelInfo,
-    /// KV cache size in tokens.
-    pub n_ctx: u32,
-    /// Slots.
-    pub slots: usize,
-    /// Largest embedding input.
-    pub max_embedding_tokens: usize,
-    /// Pooling when the context computes embeddings.
-    pub embedding_pooling: Option<Pooling>,
-    /// Whether the context can generate text.
-    pub can_generate: bool,
-    /// Default sampling settings.
-    pub sampling: SamplingParams,
-    /// Queue limit.
-    pub max_queued: usize,
-    /// Default max_tokens (0: until the context is full).
-    pub default_max_tokens: u32,
-    /// Upper bound on max_tokens (0: none).
-    pub max_tokens_limit: u32,
-}
-
-impl EngineInfo {
-    /// What an engine on this backend with this config can do.
-    pub fn new<B: Backend>(backend: &B, config: &NativeRuntimeConfig) -> Self {
-        let model = backend.vocab().info().clone();
-        let pooling = backend.embedding_pooling();
-        let encoder_only = model.has_encoder && !model.has_decoder;
-        let budget = (config.step_budget() as usize).min(backend.n_batch() as usize);
-        EngineInfo {
-            n_ctx: backend.n_ctx(),
-            slots: config.slots() as usize,
-            max_embedding_tokens: budget.min(backend.n_ubatch() as usize),
-            embedding_pooling: pooling,
-            // A decoder context computing pooled embeddings yields no logits.
-            can_generate: !encoder_only && pooling.is_none_or(|p| p == Pooling::None),
-            sampling: config.sampling.clone(),
-            max_queued: config.scheduler.max_queued_requests as usize,
-            default_max_tokens: config.scheduler.default_max_tokens,
-            max_tokens_limit: config.scheduler.max_tokens_limit,
-            model,
-        }
-    }
-}
-
-/// Validates and tokenizes requests on the caller's thread.
-#[derive(Clone)]
-pub struct RequestPreparer {
-    vocab: Arc<dyn Vocab>,
-    info: Arc<EngineInfo>,
-    eog_tokens: Arc<Vec<Token>>,
-    chat_template: Arc<Result<ChatTemplate, ChatError>>,
-}
-
-impl std::fmt::Debug for RequestPreparer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestPreparer")
-            .field("info", &self.info)
-            .finish()
-    }
-}
-
-fn random_seed() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish() as u32
-}
-
-impl RequestPreparer {
-    /// A preparer for an engine with this vocabulary and info.
-    pub fn new(vocab: Arc<dyn Vocab>, info: EngineInfo) -> Self {
-        let eog_tokens = (0..info.model.n_vocab as Token)
-            .filter(|&t| vocab.is_eog(t))
-            .collect();
-        let token_text = |t: Option<Token>| t.map(|t| vocab.token_text(t)).unwrap_or_default();
-        let chat_template = match &info.model.chat_template {
-            Some(source) => ChatTemplate::new(
-                source,
-                &token_text(info.model.bos),
-                &token_text(info.model.eos),
-            ),
-            None => Err(ChatError::NoTemplate),
-        };
-        Self {
-            vocab,
-            info: Arc::new(info),
-            eog_tokens: Arc::new(eog_tokens),
-            chat_template: Arc::new(chat_template),
-        }
-    }
-
-    /// Renders a conversation with the model's chat template.
-    pub fn render_chat(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ChatError> {
-        match self.chat_template.as_ref() {
-            Ok(t) => t.render(messages, add_generation_prompt),
-            Err(e) => Err(e.clone()),
-        }
-    }
-
-    /// The token ids of a rendered conversation: special-token text parsed,
-    /// BOS added only when the model wants one and the template did not write it.
-    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
-        let text = self.render_chat(messages, true)?;
-        let mut tokens = self
-            .vocab
-            .tokenize(&text, false, true)
-            .map_err(|e| EngineError::Tokenize(e.to_string()))?;
-        if let Some(bos) = self.info.model.bos {
-            if self.info.model.add_bos && tokens.first() != Some(&bos) {
-                tokens.insert(0, bos);
-            }
-        }
-        Ok(PromptInput::Tokens(tokens))
-    }
-
-    /// What the engine can do.
-    pub fn info(&self) -> &EngineInfo {
-        &self.info
-    }
-
-    fn tokens_of(
-        &self,
-        input: &PromptInput,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<Token>, EngineError> {
-        let tokens = match input {
-            PromptInput::Text(s) => {
-                if s.is_empty() {
-                    return Err(EngineError::EmptyPrompt);
-                }
-                self.vocab
-                    .tokenize(s, add_special, parse_special)
-                    .map_err(|e| EngineError::Tokenize(e.to_string()))?
-            }
-            PromptInput::Tokens(t) => {
-                let n_vocab = self.info.model.n_vocab as Token;
-                if let Some(bad) = t.iter().find(|&&x| x < 0 || x >= n_vocab) {
-                    return Err(EngineError::InvalidRequest {
-                        field: "prompt",
-                        message: format!("token id {bad} is outside the vocabulary (0..{n_vocab})"),
-                    });
-                }
-                t.clone()
-            }
-        };
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        Ok(tokens)
-    }
-
-    /// Validates a generation request.
-    pub fn prepare_generate(
-        &self,
-        id: RequestId,
-        req: GenerateRequest,
-        sink: EventSink,
-    ) -> Result<PreparedRequest, EngineError> {
-        let info = &self.info;
-        if !info.model.can_generate() {
-            return Err(EngineError::Unsupported(format!(
-                "{} is an encoder-only ({}) model; it computes embeddings and cannot generate text",
-                info.model.name.as_deref().unwrap_or("this model"),
-                info.model.architecture
-            )));
-        }
-        if !info.can_generate {
-            return Err(EngineError::Unsupported(
-                "this endpoint's context is configured for embeddings only".into(),
-            ));
-        }
-        let mut sampling = req.sampling.unwrap_or_else(|| info.sampling.clone());
-        sampling.validate()?;
-        let n_vocab = info.model.n_vocab as i32;
-        for b in &sampling.logit_bias {
-            if let crate::sampling::BiasTarget::Token(t) = b.target {
-                if t >= n_vocab {
-                    return Err(EngineError::InvalidRequest {
-                        field: "logit_bias",
-                        message: format!("token id {t} is outside the vocabulary (0..{n_vocab})"),
-                    });
-                }
-            }
-        }
-        if let Some(c) = &req.constraint {
-            c.validate()?;
-            self.vocab.check_constraint(c, &sampling.json_bounds)?;
-        }
-        if let Some(n) = req.logprobs {
-            if n > MAX_TOP_LOGPROBS {
-                return Err(EngineError::InvalidRequest {
-                    field: "logprobs",
-                    message: format!("at most {MAX_TOP_LOGPROBS} alternatives, got {n}"),
-                });
-            }
-        }
-        if req.stop.len() > MAX_STOP_STRINGS {
-            return Err(EngineError::InvalidRequest {
-                field: "stop",
-                message: format!(
-                    "at most {MAX_STOP_STRINGS} stop strings, got {}",
-                    req.stop.len()
-                ),
-            });
-        }
-        let add_special = req.add_special && info.model.add_bos;
-        let prompt = self.tokens_of(&req.prompt, add_special, req.parse_special)?;
-        if prompt.len() >= info.n_ctx as usize {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens: prompt.len(),
-                n_ctx: info.n_ctx,
-            });
-        }
-        let room = info.n_ctx as usize - prompt.len();
-        let max_tokens = match req.max_tokens {
-            Some(0) => {
-                return Err(EngineError::InvalidRequest {
-                    field: "max_tokens",
-                    message: "must be at least 1".into(),
-                })
-            }
-            Some(n) if info.max_tokens_limit > 0 && n > info.max_tokens_limit => {
-                return Err(EngineError::InvalidRequest {
-                    field: "max_tokens",
-                    message: format!(
-                        "at most {} on this endpoint, got {n}",
-                        info.max_tokens_limit
-                    ),
-                })
-            }
-            Some(n) => n as usize,
-            None if info.default_max_tokens > 0 => info.default_max_tokens as usize,
-            None => room,
-        };
-        if req.ignore_eos {
-            // Ban end-of-generation tokens so the model keeps writing, as
-            // llama-server does.
-            sampling
-                .logit_bias
-                .extend(self.eog_tokens.iter().map(|&t| LogitBias {
-                    target: BiasTarget::Token(t),
-                    bias: f32::NEG_INFINITY,
-                }));
-        }
-        let seed = sampling.seed.unwrap_or_else(random_seed);
-        Ok(PreparedRequest {
-            id,
-            kind: PreparedKind::Generate(GenerateSpec {
-                max_tokens,
-                stop: req.stop,
-                ignore_eos: req.ignore_eos,
-                sampling,
-                seed,
-                constraint: req.constraint,
-                logprobs: req.logprobs.map(|n| n as usize),
-            }),
-            prompt,
-            context_key: req.context_key,
-            cache_prompt: req.cache_prompt,
-            repeatable: req.repeatable,
-            submitted_at: Instant::now(),
-            sink,
-        })
-    }
-
-    /// Validates an embedding request.
-    pub fn prepare_embed(
-        &self,
-        id: RequestId,
-        req: EmbedRequest,
-        sink: EventSink,
-    ) -> Result<PreparedRequest, EngineError> {
-        if self.info.embedding_pooling.is_none() {
-            return Err(EngineError::Unsupported(format!(
-                "this context does not compute embeddings ({} is a generation model; load it with \
-                 context.embeddings = true, or use an embedding model)",
-                self.info.model.architecture
-            )));
-        }
-        let prompt = self.tokens_of(&req.input, true, false)?;
-        if prompt.len() > self.info.max_embedding_tokens {
-            return Err(EngineError::InputTooLong {
-                tokens: prompt.len(),
-                max: self.info.max_embedding_tokens,
-            });
-        }
-        Ok(PreparedRequest {
-            id,
-            kind: PreparedKind::Embed {
-                normalize: req.normalize,
-            },
-            prompt,
-            context_key: None,
-            cache_prompt: false,
-            repeatable: false,
-            submitted_at: Instant::now(),
-            sink,
-        })
-    }
 }
 
 struct Inner {
@@ -437,18 +119,14 @@ impl Engine {
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::channel();
-        let (metrics_t, queued_t, alive_t) = (metrics.clone(), queued.clone(), alive.clone());
+        let (metrics_t, alive_t) = (metrics.clone(), alive.clone());
         // The core (and every sampler it builds) lives on the engine thread only.
         let thread = std::thread::Builder::new()
             .name("sipp-engine".into())
             .spawn(move || {
                 let mut backend = backend;
                 backend.warm_up();
-                run_engine(
-                    EngineCore::new(backend, &config, metrics_t, queued_t),
-                    rx,
-                    alive_t,
-                )
+                run_engine(EngineCore::new(backend, &config, metrics_t), rx, alive_t)
             })
             .expect("spawning the engine thread");
         Engine {
@@ -484,17 +162,6 @@ impl Engine {
         self.inner.alive.load(Ordering::Relaxed)
     }
 
-    fn reserve_queue_place(&self) -> Result<(), EngineError> {
-        let max = self.info().max_queued;
-        self.inner
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q < max).then_some(q + 1)
-            })
-            .map(|_| ())
-            .map_err(|_| EngineError::QueueFull { max_queued: max })
-    }
-
     fn submit(
         &self,
         prepared: PreparedRequest,
@@ -503,10 +170,17 @@ impl Engine {
         if !self.is_alive() {
             return Err(EngineError::EngineStopped);
         }
-        self.reserve_queue_place()?;
+        let max = self.info().max_queued;
+        let place = QueuePlace::reserve(&self.inner.queued, max)
+            .ok_or(EngineError::QueueFull { max_queued: max })?;
         let id = prepared.id;
-        if self.inner.commands.send(Command::Submit(prepared)).is_err() {
-            self.inner.queued.fetch_sub(1, Ordering::AcqRel);
+        // On a failed send the command, and with it the place, is dropped.
+        if self
+            .inner
+            .commands
+            .send(Command::Submit(prepared, place))
+            .is_err()
+        {
             return Err(EngineError::EngineStopped);
         }
         Ok(RequestHandle {
@@ -577,7 +251,7 @@ fn run_engine<B: Backend>(
     // Returns false on shutdown.
     fn handle<B: Backend>(core: &mut EngineCore<B>, cmd: Command) -> bool {
         match cmd {
-            Command::Submit(r) => core.enqueue(r),
+            Command::Submit(r, place) => core.enqueue(r, Some(place)),
             Command::Cancel(id) => core.cancel(id),
             Command::CancelAll => core.cancel_all(),
             Command::Shutdown => return false,
@@ -651,7 +325,7 @@ pub struct RequestHandle {
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Command::Submit(r) => write!(f, "Submit({})", r.id),
+            Command::Submit(r, _) => write!(f, "Submit({})", r.id),
             Command::Cancel(id) => write!(f, "Cancel({id})"),
             Command::CancelAll => write!(f, "CancelAll"),
             Command::Shutdown => write!(f, "Shutdown"),

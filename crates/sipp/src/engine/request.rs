@@ -1,9 +1,15 @@
 //! What callers send to the engine and what comes back.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::runtime::{Pooling, SampledLogprobs, Token};
 use crate::sampling::{OutputConstraint, SamplingError, SamplingParams};
+use crate::scheduler::RequestId;
 use crate::text::FinishReason;
 
 /// A prompt as text or as token ids.
@@ -327,4 +333,87 @@ pub enum EngineError {
     /// The engine has stopped.
     #[error("the engine has stopped")]
     EngineStopped,
+}
+
+/// Where a request's events go. A closed channel means the caller left.
+pub type EventSink = UnboundedSender<RequestEvent>;
+
+/// Generation settings after validation.
+#[derive(Debug, Clone)]
+pub struct GenerateSpec {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// The seed in effect.
+    pub seed: u32,
+    /// Grammar or schema.
+    pub constraint: Option<OutputConstraint>,
+    /// Top-n log-probabilities, when asked for.
+    pub logprobs: Option<usize>,
+}
+
+/// What a prepared request asks for.
+#[derive(Debug, Clone)]
+pub enum PreparedKind {
+    /// Generate text.
+    Generate(GenerateSpec),
+    /// Compute an embedding.
+    Embed {
+        /// L2-normalize.
+        normalize: bool,
+    },
+}
+
+/// A validated, tokenized request on its way to a slot.
+#[derive(Debug)]
+pub struct PreparedRequest {
+    /// Id.
+    pub id: RequestId,
+    /// What to do.
+    pub kind: PreparedKind,
+    /// Prompt tokens.
+    pub prompt: Vec<Token>,
+    /// Session affinity key.
+    pub context_key: Option<String>,
+    /// Reuse and keep KV.
+    pub cache_prompt: bool,
+    /// Run alone on a cleared KV cache (see `GenerateRequest::repeatable`).
+    pub repeatable: bool,
+    /// When it was submitted.
+    pub submitted_at: Instant,
+    /// Its event stream.
+    pub sink: EventSink,
+}
+
+/// A place in the engine's queue, counted in a shared gauge from submission
+/// until the request leaves the queue (admitted, cancelled or failed): the
+/// count drops when this guard does, wherever that happens.
+#[derive(Debug)]
+pub struct QueuePlace {
+    gauge: Arc<AtomicUsize>,
+}
+
+impl QueuePlace {
+    /// Takes a place when fewer than `max` are taken.
+    pub fn reserve(gauge: &Arc<AtomicUsize>, max: usize) -> Option<QueuePlace> {
+        gauge
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < max).then_some(q + 1)
+            })
+            .ok()
+            .map(|_| QueuePlace {
+                gauge: gauge.clone(),
+            })
+    }
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        self.gauge.fetch_sub(1, Ordering::AcqRel);
+    }
 }

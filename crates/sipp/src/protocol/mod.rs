@@ -1,6 +1,12 @@
 //! Wire types shared by the server and the client: OpenAI's API (with
 //! llama-server's extensions) and sipp's first-party profile, and how their
 //! fields become a [`GenerateRequest`].
+//!
+//! Only wire shapes are checked here (a `logit_bias` key that is not a token
+//! id, an integer that does not fit the engine's type, two ways of asking for
+//! one thing); each field's rule and limit is the engine's
+//! ([`crate::engine::validate`]); [`FieldNames`] tells how a request calls the
+//! engine's fields, for errors to name the field the user sent.
 
 pub mod native;
 pub mod openai;
@@ -12,6 +18,78 @@ fn invalid(field: &'static str, message: impl Into<String>) -> EngineError {
     EngineError::InvalidRequest {
         field,
         message: message.into(),
+    }
+}
+
+/// A wire integer as the engine's unsigned count. Refuses only what the
+/// engine's type cannot hold; the count's own rule (at least 1, at most 20...)
+/// is the engine's.
+pub fn wire_count(field: &'static str, n: i64) -> Result<u32, EngineError> {
+    u32::try_from(n).map_err(|_| {
+        if n < 0 {
+            invalid(field, format!("must not be negative, got {n}"))
+        } else {
+            invalid(field, format!("{n} is too large"))
+        }
+    })
+}
+
+/// How a request names the engine's fields where the two differ (OpenAI chat's
+/// `top_logprobs` is the engine's `logprobs`), so that an error names the field
+/// the user sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldNames(Vec<(&'static str, &'static str)>);
+
+impl FieldNames {
+    /// No renames: the request uses the engine's names.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The engine's `engine` field is `wire` in this request.
+    pub fn rename(mut self, engine: &'static str, wire: &'static str) -> Self {
+        self.0.push((engine, wire));
+        self
+    }
+
+    /// The request's name for an engine field.
+    pub fn wire_name(&self, engine: &'static str) -> &'static str {
+        self.0
+            .iter()
+            .find(|(e, _)| *e == engine)
+            .map_or(engine, |(_, w)| w)
+    }
+
+    /// The (engine name, request name) pairs.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// The names of an OpenAI completions request (`n_predict` when it gave
+    /// that instead of `max_tokens`).
+    pub fn openai_completion(req: &openai::CompletionRequest) -> Self {
+        let names = Self::openai_sampling();
+        if req.max_tokens.is_none() && req.n_predict.is_some() {
+            names.rename("max_tokens", "n_predict")
+        } else {
+            names
+        }
+    }
+
+    /// The names of an OpenAI chat request: `top_logprobs`, and
+    /// `max_completion_tokens` when it gave that.
+    pub fn openai_chat(req: &openai::ChatCompletionRequest) -> Self {
+        let names = Self::openai_sampling().rename("logprobs", "top_logprobs");
+        if req.max_completion_tokens.is_some() {
+            names.rename("max_tokens", "max_completion_tokens")
+        } else {
+            names
+        }
+    }
+
+    /// llama-server's names for the sampling fields both OpenAI requests carry.
+    fn openai_sampling() -> Self {
+        Self::new().rename("penalty_last_n", "repeat_last_n")
     }
 }
 
@@ -76,11 +154,13 @@ pub fn request_from_text_options(
     })
 }
 
-/// OpenAI fields over an endpoint's default sampling settings.
+/// OpenAI fields over an endpoint's default sampling settings. `max_tokens`
+/// and `logprobs` (top alternatives per token) come as the request gave them;
+/// the engine checks them when the request is submitted.
 pub fn request_from_openai(
     f: &openai::SamplingFields,
     max_tokens: Option<i64>,
-    logprobs: Option<u32>,
+    logprobs: Option<i64>,
     response_format: Option<&openai::ResponseFormat>,
     defaults: &SamplingParams,
     prompt: PromptInput,
@@ -122,18 +202,10 @@ pub fn request_from_openai(
             });
         }
     }
-    let max_tokens = match max_tokens {
-        None => None,
-        Some(n) if n < 1 => {
-            return Err(invalid(
-                "max_tokens",
-                format!("must be at least 1, got {n}"),
-            ))
-        }
-        Some(n) => {
-            Some(u32::try_from(n).map_err(|_| invalid("max_tokens", format!("{n} is too large")))?)
-        }
-    };
+    let max_tokens = max_tokens
+        .map(|n| wire_count("max_tokens", n))
+        .transpose()?;
+    let logprobs = logprobs.map(|n| wire_count("logprobs", n)).transpose()?;
     let (schema, json_mode) = match response_format {
         None | Some(openai::ResponseFormat::Text) => (None, false),
         Some(openai::ResponseFormat::JsonObject) => (None, true),
@@ -209,13 +281,13 @@ mod tests {
     fn bad_openai_fields_name_themselves() {
         let d = SamplingParams::default();
         let f = SamplingFields::default();
-        let e = request_from_openai(&f, Some(-5), None, None, &d, "x".into()).unwrap_err();
+        let e = request_from_openai(&f, Some(-5), None, None, &d, "x".into()).expect_err("refused");
         assert!(e.to_string().contains("`max_tokens`"), "{e}");
         let f = SamplingFields {
             logit_bias: Some([("abc".to_string(), 1.0)].into()),
             ..Default::default()
         };
-        let e = request_from_openai(&f, None, None, None, &d, "x".into()).unwrap_err();
+        let e = request_from_openai(&f, None, None, None, &d, "x".into()).expect_err("refused");
         assert!(e.to_string().contains("`logit_bias`"), "{e}");
         let f = SamplingFields {
             grammar: Some("root ::= \"a\"".into()),
@@ -229,14 +301,77 @@ mod tests {
             &d,
             "x".into(),
         )
-        .unwrap_err();
+        .expect_err("refused");
         assert!(e.to_string().contains("at most one"), "{e}");
         let f = SamplingFields {
             samplers: Some(vec!["nope".into()]),
             ..Default::default()
         };
-        let e = request_from_openai(&f, None, None, None, &d, "x".into()).unwrap_err();
+        let e = request_from_openai(&f, None, None, None, &d, "x".into()).expect_err("refused");
         assert!(e.to_string().contains("`samplers`"), "{e}");
+    }
+
+    #[test]
+    fn counts_are_narrowed_here_and_ruled_by_the_engine() {
+        let d = SamplingParams::default();
+        let f = SamplingFields::default();
+        // Past the engine's limits, but the engine's type holds them: the
+        // engine decides (and says so naming the field).
+        let r =
+            request_from_openai(&f, Some(1 << 20), Some(21), None, &d, "x".into()).expect("maps");
+        assert_eq!((r.max_tokens, r.logprobs), (Some(1 << 20), Some(21)));
+        let e = crate::engine::validate::logprobs(r.logprobs.expect("given")).expect_err("refused");
+        assert!(e.to_string().contains("`logprobs`"), "{e}");
+        // What the engine's type cannot hold is refused here, naming the field.
+        for (max_tokens, logprobs, field) in [
+            (Some(-1), None, "`max_tokens`"),
+            (Some(1 << 40), None, "`max_tokens`"),
+            (None, Some(-1), "`logprobs`"),
+            (None, Some(1 << 40), "`logprobs`"),
+        ] {
+            let e = request_from_openai(&f, max_tokens, logprobs, None, &d, "x".into())
+                .expect_err("refused");
+            assert!(e.to_string().contains(field), "{e} should name {field}");
+        }
+        assert_eq!(wire_count("n", 0).expect("fits"), 0);
+        assert_eq!(wire_count("n", u32::MAX.into()).expect("fits"), u32::MAX);
+    }
+
+    #[test]
+    fn openai_requests_name_the_engine_fields_their_way() {
+        let chat: ChatCompletionRequest = serde_json::from_value(serde_json::json!({
+            "messages": [], "logprobs": true, "top_logprobs": 3, "max_completion_tokens": 4
+        }))
+        .expect("parses");
+        let names = FieldNames::openai_chat(&chat);
+        assert_eq!(names.wire_name("logprobs"), "top_logprobs");
+        assert_eq!(names.wire_name("max_tokens"), "max_completion_tokens");
+        assert_eq!(names.wire_name("penalty_last_n"), "repeat_last_n");
+        assert_eq!(names.wire_name("stop"), "stop");
+        let chat = ChatCompletionRequest {
+            max_tokens: Some(4),
+            ..Default::default()
+        };
+        assert_eq!(
+            FieldNames::openai_chat(&chat).wire_name("max_tokens"),
+            "max_tokens"
+        );
+        let cmpl = CompletionRequest {
+            n_predict: Some(4),
+            ..Default::default()
+        };
+        let names = FieldNames::openai_completion(&cmpl);
+        assert_eq!(names.wire_name("max_tokens"), "n_predict");
+        assert_eq!(names.wire_name("logprobs"), "logprobs");
+        let cmpl = CompletionRequest {
+            max_tokens: Some(4),
+            n_predict: Some(4),
+            ..Default::default()
+        };
+        assert_eq!(
+            FieldNames::openai_completion(&cmpl).wire_name("max_tokens"),
+            "max_tokens"
+        );
     }
 
     #[test]

@@ -228,7 +228,8 @@ pub struct CompletionRequest {
     /// Stream options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    /// Top log-probabilities per token (0 to 5 in OpenAI's API).
+    /// Top log-probabilities per token (OpenAI allows 0 to 5; the engine up
+    /// to [`crate::engine::MAX_TOP_LOGPROBS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<i64>,
     /// Echo the prompt before the completion.
@@ -266,7 +267,7 @@ pub struct ChatCompletionRequest {
     /// Return log-probabilities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
-    /// Alternatives per token (0 to 20).
+    /// Alternatives per token (0 to [`crate::engine::MAX_TOP_LOGPROBS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<i64>,
     /// Output format.
@@ -324,7 +325,8 @@ pub struct CompletionLogprobs {
     pub token_logprobs: Vec<f32>,
     /// Alternatives per token.
     pub top_logprobs: Vec<BTreeMap<String, f32>>,
-    /// Character offsets of the tokens in the text.
+    /// Where each token starts in the choice's text, in bytes (characters
+    /// for ASCII text, as OpenAI counts them).
     pub text_offset: Vec<usize>,
 }
 

@@ -163,6 +163,9 @@ pub struct FakeConfig {
     pub embeddings: Option<Pooling>,
     /// One EOS in this many generated tokens (on average); 0 never.
     pub eos_one_in: u64,
+    /// The model's chat template (`tokenizer.chat_template`); none by default,
+    /// so chat requests fail as they do on a model without one.
+    pub chat_template: Option<String>,
 }
 
 impl Default for FakeConfig {
@@ -175,6 +178,7 @@ impl Default for FakeConfig {
             encoder_only: false,
             embeddings: None,
             eos_one_in: 40,
+            chat_template: None,
         }
     }
 }
@@ -215,7 +219,9 @@ pub struct FakeBackend {
 impl FakeBackend {
     /// A fake backend with these settings.
     pub fn new(cfg: FakeConfig) -> Self {
-        let vocab = Arc::new(FakeVocab::new(cfg.n_ctx, cfg.encoder_only));
+        let mut vocab = FakeVocab::new(cfg.n_ctx, cfg.encoder_only);
+        vocab.info.chat_template = cfg.chat_template.clone();
+        let vocab = Arc::new(vocab);
         Self {
             cells: vec![None; cfg.n_ctx as usize],
             cfg,

@@ -23,7 +23,10 @@ use super::{
     SampleError, Sampled, SamplerSpec, SeqId, Token, Vocab,
 };
 use crate::config::{FlashAttention, NativeRuntimeConfig, PlacementConfig};
-use crate::sampling::{BiasTarget, JsonBounds, OutputConstraint, SamplerStage, SamplingError};
+use crate::sampling::{
+    look_back, sampler_plan, BiasTarget, ChainStage, JsonBounds, LogitBias, OutputConstraint,
+    SamplerPlan, SamplingError,
+};
 
 /// llama.cpp's process-wide backend; initialized once.
 fn backend() -> Result<&'static LlamaBackend, RuntimeError> {
@@ -335,33 +338,16 @@ impl LlamaRuntime {
         Ok(())
     }
 
-    fn n_vocab(&self) -> i32 {
-        self.model.info.n_vocab as i32
-    }
-
-    /// The banned tokens when the settings reduce to an argmax: greedy, no
+    /// The banned tokens when the plan reduces to an argmax: greedy, no
     /// penalties, no constraint, and only biases that ban (-inf).
-    fn greedy_bans(&self, spec: &SamplerSpec<'_>) -> Option<Vec<i32>> {
-        let p = spec.params;
-        let plain = p.is_greedy()
-            && spec.constraint.is_none()
-            && p.repeat_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0
-            && p.logit_bias
-                .iter()
-                .all(|b| b.effective_bias() == f32::NEG_INFINITY);
-        if !plain {
-            return None;
-        }
+    fn greedy_bans(&self, plan: &SamplerPlan) -> Option<Vec<i32>> {
+        let vocab = self.model.model.vocab();
         let mut banned = Vec::new();
-        for b in &p.logit_bias {
+        for b in plan.argmax_bans()? {
             match &b.target {
                 BiasTarget::Token(t) => banned.push(*t),
                 BiasTarget::Text(s) => banned.extend(
-                    self.model
-                        .model
-                        .vocab()
+                    vocab
                         .tokenize(s.as_bytes(), false, false)
                         .iter()
                         .map(|t| t.0),
@@ -373,114 +359,113 @@ impl LlamaRuntime {
         Some(banned)
     }
 
-    fn build_chain(&self, spec: SamplerSpec<'_>) -> Result<LlamaSampler, SamplingError> {
-        let p = spec.params;
-        let model = &self.model.model;
-        let mut stages: Vec<LlamaSampler> = Vec::new();
-        let mut biases: Vec<LlamaLogitBias> = Vec::new();
-        for b in &p.logit_bias {
-            let bias = b.effective_bias();
-            match &b.target {
-                BiasTarget::Token(t) => {
-                    if *t < 0 || *t >= self.n_vocab() {
-                        return Err(SamplingError::Invalid {
-                            field: "logit_bias",
-                            message: format!(
-                                "token id {t} is outside the vocabulary (0..{})",
-                                self.n_vocab()
-                            ),
-                        });
-                    }
-                    biases.push(LlamaLogitBias::new(LlamaToken(*t), bias));
-                }
-                BiasTarget::Text(s) => {
-                    for t in model.vocab().tokenize(s.as_bytes(), false, false) {
-                        biases.push(LlamaLogitBias::new(t, bias));
-                    }
-                }
-            }
-        }
-        if !biases.is_empty() {
-            stages.push(LlamaSampler::logit_bias(self.n_vocab(), &biases));
-        }
-        let penalties = || {
-            LlamaSampler::penalties(
-                self.n_vocab(),
-                p.penalty_last_n,
-                p.repeat_penalty,
-                p.frequency_penalty,
-                p.presence_penalty,
-            )
-        };
-        let has_penalties =
-            p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-        if p.is_greedy() {
-            if has_penalties {
-                stages.push(penalties());
-            }
-            stages.push(LlamaSampler::greedy());
-            return Ok(LlamaSampler::chain(stages, true));
-        }
-        match p.mirostat {
-            1 => {
-                stages.push(LlamaSampler::temp(p.temperature));
-                stages.push(LlamaSampler::mirostat(
-                    self.n_vocab(),
-                    spec.seed,
-                    p.mirostat_tau,
-                    p.mirostat_eta,
-                    100,
-                ));
-            }
-            2 => {
-                stages.push(LlamaSampler::temp(p.temperature));
-                stages.push(LlamaSampler::mirostat_v2(
-                    spec.seed,
-                    p.mirostat_tau,
-                    p.mirostat_eta,
-                ));
-            }
-            _ => {
-                for stage in p.order() {
-                    match stage {
-                        SamplerStage::Penalties if has_penalties => stages.push(penalties()),
-                        SamplerStage::Dry if p.dry_multiplier > 0.0 => {
-                            stages.push(LlamaSampler::dry(
-                                model,
-                                p.dry_multiplier,
-                                p.dry_base,
-                                p.dry_allowed_length,
-                                p.dry_penalty_last_n,
-                                p.dry_sequence_breakers.iter().map(String::as_bytes),
-                            ))
-                        }
-                        SamplerStage::TopNSigma if p.top_n_sigma > 0.0 => {
-                            stages.push(LlamaSampler::top_n_sigma(p.top_n_sigma));
-                        }
-                        SamplerStage::TopK if p.top_k > 0 => {
-                            stages.push(LlamaSampler::top_k(p.top_k))
-                        }
-                        SamplerStage::TypicalP if p.typical_p < 1.0 => {
-                            stages.push(LlamaSampler::typical(p.typical_p, 1));
-                        }
-                        SamplerStage::TopP if p.top_p < 1.0 => {
-                            stages.push(LlamaSampler::top_p(p.top_p, 1))
-                        }
-                        SamplerStage::MinP if p.min_p > 0.0 => {
-                            stages.push(LlamaSampler::min_p(p.min_p, 1))
-                        }
-                        SamplerStage::Xtc if p.xtc_probability > 0.0 => stages.push(
-                            LlamaSampler::xtc(p.xtc_probability, p.xtc_threshold, 1, spec.seed),
-                        ),
-                        SamplerStage::Temperature => stages.push(LlamaSampler::temp(p.temperature)),
-                        _ => {}
-                    }
-                }
-                stages.push(LlamaSampler::dist(spec.seed));
-            }
-        }
-        Ok(LlamaSampler::chain(stages, true))
+    fn build_chain(&self, plan: &SamplerPlan) -> Result<LlamaSampler, SamplingError> {
+        chain_sampler(&self.model, self.n_ctx, &plan.chain)
     }
+}
+
+/// The llama.cpp chain for a planned chain ([`crate::sampling::sampler_chain`]):
+/// each stage mapped by [`stage_sampler`], in order. `n_ctx` is the look-back
+/// that -1 stands for.
+pub fn chain_sampler(
+    model: &LlamaModelHandle,
+    n_ctx: u32,
+    stages: &[ChainStage],
+) -> Result<LlamaSampler, SamplingError> {
+    let samplers = stages
+        .iter()
+        .map(|s| stage_sampler(model, n_ctx, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LlamaSampler::chain(samplers, true))
+}
+
+/// The llama.cpp sampler for one planned stage. The model tokenizes text
+/// biases and DRY's sequence breakers; `n_ctx` is the look-back that -1 stands
+/// for ([`look_back`]).
+pub fn stage_sampler(
+    model: &LlamaModelHandle,
+    n_ctx: u32,
+    stage: &ChainStage,
+) -> Result<LlamaSampler, SamplingError> {
+    let n_vocab = model.info.n_vocab as i32;
+    Ok(match stage {
+        ChainStage::LogitBias(biases) => {
+            LlamaSampler::logit_bias(n_vocab, &llama_biases(model, biases)?)
+        }
+        ChainStage::Penalties {
+            last_n,
+            repeat,
+            frequency,
+            presence,
+        } => LlamaSampler::penalties(
+            n_vocab,
+            look_back(*last_n, n_ctx),
+            *repeat,
+            *frequency,
+            *presence,
+        ),
+        ChainStage::Dry {
+            multiplier,
+            base,
+            allowed_length,
+            last_n,
+            sequence_breakers,
+        } => LlamaSampler::dry(
+            &model.model,
+            *multiplier,
+            *base,
+            *allowed_length,
+            look_back(*last_n, n_ctx),
+            sequence_breakers.iter().map(String::as_bytes),
+        ),
+        ChainStage::TopNSigma(n) => LlamaSampler::top_n_sigma(*n),
+        ChainStage::TopK(k) => LlamaSampler::top_k(*k),
+        ChainStage::Typical { p, min_keep } => LlamaSampler::typical(*p, *min_keep),
+        ChainStage::TopP { p, min_keep } => LlamaSampler::top_p(*p, *min_keep),
+        ChainStage::MinP { p, min_keep } => LlamaSampler::min_p(*p, *min_keep),
+        ChainStage::Xtc {
+            probability,
+            threshold,
+            min_keep,
+            seed,
+        } => LlamaSampler::xtc(*probability, *threshold, *min_keep, *seed),
+        ChainStage::Temperature(t) => LlamaSampler::temp(*t),
+        ChainStage::Mirostat { tau, eta, m, seed } => {
+            LlamaSampler::mirostat(n_vocab, *seed, *tau, *eta, *m)
+        }
+        ChainStage::MirostatV2 { tau, eta, seed } => LlamaSampler::mirostat_v2(*seed, *tau, *eta),
+        ChainStage::Greedy => LlamaSampler::greedy(),
+        ChainStage::Dist { seed } => LlamaSampler::dist(*seed),
+    })
+}
+
+/// Logit biases as llama.cpp takes them: token ids checked against the
+/// vocabulary, texts tokenized (every token of the text gets the bias).
+fn llama_biases(
+    model: &LlamaModelHandle,
+    biases: &[LogitBias],
+) -> Result<Vec<LlamaLogitBias>, SamplingError> {
+    let n_vocab = model.info.n_vocab as i32;
+    let mut out = Vec::new();
+    for b in biases {
+        match &b.target {
+            BiasTarget::Token(t) => {
+                if *t < 0 || *t >= n_vocab {
+                    return Err(SamplingError::Invalid {
+                        field: "logit_bias",
+                        message: format!("token id {t} is outside the vocabulary (0..{n_vocab})"),
+                    });
+                }
+                out.push(LlamaLogitBias::new(LlamaToken(*t), b.bias));
+            }
+            BiasTarget::Text(s) => {
+                for t in model.model.vocab().tokenize(s.as_bytes(), false, false) {
+                    out.push(LlamaLogitBias::new(t, b.bias));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Builds a grammar sampler for a constraint.
@@ -670,7 +655,9 @@ impl Backend for LlamaRuntime {
     }
 
     fn new_sampler(&self, spec: SamplerSpec<'_>) -> Result<Self::Sampler, SamplingError> {
-        let chain = self.build_chain(spec)?;
+        let plan = sampler_plan(spec.params, spec.constraint.is_some(), spec.seed);
+        let chain = self.build_chain(&plan)?;
+        // The grammar is kept outside the chain (GrammarPlacement::CheckThenResample).
         let grammar = spec
             .constraint
             .map(|c| build_grammar(&self.model.model, c, &spec.params.json_bounds))
@@ -678,7 +665,7 @@ impl Backend for LlamaRuntime {
         Ok(LlamaSamplerState {
             chain,
             grammar,
-            argmax_banning: self.greedy_bans(&spec),
+            argmax_banning: self.greedy_bans(&plan),
         })
     }
 
@@ -689,8 +676,9 @@ impl Backend for LlamaRuntime {
     ) -> Result<(), SamplingError> {
         // The chain is cheap to build and carries the seed; the grammar (the
         // expensive part) is only reset.
-        sampler.chain = self.build_chain(spec)?;
-        sampler.argmax_banning = self.greedy_bans(&spec);
+        let plan = sampler_plan(spec.params, spec.constraint.is_some(), spec.seed);
+        sampler.chain = self.build_chain(&plan)?;
+        sampler.argmax_banning = self.greedy_bans(&plan);
         if let Some(g) = &mut sampler.grammar {
             g.reset();
         }
@@ -803,9 +791,9 @@ impl Backend for LlamaRuntime {
 
     fn kv_seq_positions(&self, seq: SeqId) -> Option<(u32, u32)> {
         // llama.cpp answers -1 for both when the sequence holds nothing.
-        let min = self.ctx.kv_cache_seq_pos_min(seq as i32);
-        let max = self.ctx.kv_cache_seq_pos_max(seq as i32);
-        (min >= 0 && max >= 0).then(|| (min as u32, max as u32))
+        let min = self.ctx.kv_cache_seq_pos_min(seq);
+        let max = self.ctx.kv_cache_seq_pos_max(seq);
+        (min >= 0 && max >= 0).then_some((min as u32, max as u32))
     }
 
     fn seq_state_save(&mut self, seq: SeqId) -> Vec<u8> {

@@ -1,14 +1,22 @@
 //! Sampling settings, their validation, output constraints (GBNF grammars, JSON
 //! mode, JSON schema) and the key the sampler cache is indexed by.
 //!
-//! This module only describes and checks settings; the runtime turns them into a
-//! llama.cpp sampler chain.
+//! This module describes and checks settings and plans the sampler chain
+//! ([`sampler_plan`]); the runtime only maps each planned stage to its llama.cpp
+//! sampler. [`SamplerPool`] keeps built samplers for reuse.
 
 mod bounds;
+mod chain;
 mod constraint;
+mod pool;
 
 pub use bounds::JsonBounds;
+pub use chain::{
+    look_back, sampler_chain, sampler_plan, ChainStage, GrammarPlacement, SamplerPlan, MIN_KEEP,
+    MIROSTAT_M,
+};
 pub use constraint::{check_schema_supported, OutputConstraint};
+pub use pool::SamplerPool;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -101,6 +109,37 @@ pub struct LogitBias {
 }
 
 impl LogitBias {
+    /// The rule of a `logit_bias` entry: a bias below +inf (not NaN), a token
+    /// id in the vocabulary (`0..n_vocab`, or only `>= 0` when no vocabulary
+    /// is known), a text that is not empty.
+    pub fn validate(&self, n_vocab: Option<usize>) -> Result<(), SamplingError> {
+        let bias = self.bias;
+        check(
+            !bias.is_nan() && bias != f32::INFINITY,
+            "logit_bias",
+            || format!("bias must be a number below +inf, got {bias}"),
+        )?;
+        match &self.target {
+            BiasTarget::Token(t) => {
+                let t = *t;
+                check(t >= 0, "logit_bias", || {
+                    format!("token id must be >= 0, got {t}")
+                })?;
+                if let Some(n) = n_vocab {
+                    check((t as usize) < n, "logit_bias", || {
+                        format!("token id {t} is outside the vocabulary (0..{n})")
+                    })?;
+                }
+            }
+            BiasTarget::Text(s) => {
+                check(!s.is_empty(), "logit_bias", || {
+                    "text must not be empty".into()
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The bias llama.cpp should apply: OpenAI's "-100 bans" made exact.
     pub fn effective_bias(&self) -> f32 {
         if self.bias <= -100.0 {
@@ -253,8 +292,21 @@ impl SamplingParams {
             .unwrap_or(&SamplerStage::DEFAULT_ORDER)
     }
 
-    /// Checks every field; the error names the first bad one.
+    /// Checks every field; the error names the first bad one. `logit_bias`
+    /// token ids are checked against no vocabulary (see
+    /// [`Self::validate_for_vocab`]): this is the check of settings given
+    /// before a model is known, such as a configuration's defaults.
     pub fn validate(&self) -> Result<(), SamplingError> {
+        self.check_fields(None)
+    }
+
+    /// Checks every field, `logit_bias` token ids against a vocabulary of
+    /// `n_vocab` tokens; the error names the first bad field.
+    pub fn validate_for_vocab(&self, n_vocab: usize) -> Result<(), SamplingError> {
+        self.check_fields(Some(n_vocab))
+    }
+
+    fn check_fields(&self, n_vocab: Option<usize>) -> Result<(), SamplingError> {
         let t = self.temperature;
         check(t.is_finite() && t >= 0.0, "temperature", || {
             format!("must be a finite number >= 0, got {t}")
@@ -341,21 +393,7 @@ impl SamplingParams {
             || format!("must be in [0, 1], got {}", self.xtc_threshold),
         )?;
         for b in &self.logit_bias {
-            check(
-                !b.bias.is_nan() && b.bias != f32::INFINITY,
-                "logit_bias",
-                || format!("bias must be a number below +inf, got {}", b.bias),
-            )?;
-            if let BiasTarget::Token(t) = b.target {
-                check(t >= 0, "logit_bias", || {
-                    format!("token id must be >= 0, got {t}")
-                })?;
-            }
-            if let BiasTarget::Text(s) = &b.target {
-                check(!s.is_empty(), "logit_bias", || {
-                    "text must not be empty".into()
-                })?;
-            }
+            b.validate(n_vocab)?;
         }
         self.json_bounds.validate()?;
         if let Some(order) = &self.samplers {
@@ -519,7 +557,7 @@ mod tests {
 
     #[test]
     fn unknown_sampler_name_is_named() {
-        let err = SamplingParams::parse_order(&["top_k", "wobble"]).unwrap_err();
+        let err = SamplingParams::parse_order(&["top_k", "wobble"]).expect_err("unknown name");
         let msg = err.to_string();
         assert!(
             msg.contains("`samplers`") && msg.contains("wobble"),

@@ -7,6 +7,7 @@
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 
 use super::CacheStats;
 use crate::config::CacheConfig;
@@ -25,6 +26,81 @@ struct Snapshot {
 struct Spilled {
     path: PathBuf,
     tokens: Vec<Token>,
+    /// The state while the writer thread still holds it: a restore in the
+    /// meantime reads it from here, not from a half-written file.
+    pending: Option<Arc<Vec<u8>>>,
+}
+
+/// What the writer thread does, in order.
+enum SpillJob {
+    Write {
+        path: PathBuf,
+        fingerprint: Arc<str>,
+        tokens: Vec<Token>,
+        state: Arc<Vec<u8>>,
+    },
+    Remove(PathBuf),
+}
+
+/// Disk writes of spilled snapshots, off the engine thread: a slow disk
+/// never stalls decoding. Dropping it waits for the queued writes.
+#[derive(Debug)]
+struct SpillWriter {
+    jobs: Option<mpsc::Sender<SpillJob>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SpillWriter {
+    fn start() -> Self {
+        let (tx, rx) = mpsc::channel::<SpillJob>();
+        let thread = std::thread::Builder::new()
+            .name("sipp-kv-spill".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        SpillJob::Write {
+                            path,
+                            fingerprint,
+                            tokens,
+                            state,
+                        } => {
+                            if let Err(e) = write_spill(&path, &fingerprint, &tokens, &state) {
+                                tracing::warn!(
+                                    "could not spill snapshot to {}: {e}",
+                                    path.display()
+                                );
+                            }
+                        }
+                        SpillJob::Remove(path) => {
+                            let _ = std::fs::remove_file(path);
+                        }
+                    }
+                }
+            })
+            .ok();
+        Self {
+            jobs: thread.as_ref().map(|_| tx),
+            thread,
+        }
+    }
+
+    fn send(&self, job: SpillJob) {
+        match &self.jobs {
+            Some(tx) => {
+                let _ = tx.send(job);
+            }
+            None => tracing::warn!("the snapshot writer thread is not running"),
+        }
+    }
+}
+
+impl Drop for SpillWriter {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The parsed header of a spill file.
@@ -48,6 +124,11 @@ fn token_hash(tokens: &[Token]) -> [u8; 32] {
         h.update(t.to_le_bytes());
     }
     h.finalize().into()
+}
+
+/// The file name of a spilled snapshot: a hash of its tokens.
+fn spill_name(tokens: &[Token]) -> String {
+    format!("{}.sippkv", hex::encode(&token_hash(tokens)[..12]))
 }
 
 fn common_prefix(a: &[Token], b: &[Token]) -> usize {
@@ -140,7 +221,8 @@ pub struct SnapshotStore {
     max_bytes: u64,
     max_entries: usize,
     spill_dir: Option<PathBuf>,
-    fingerprint: String,
+    writer: Option<SpillWriter>,
+    fingerprint: Arc<str>,
     tick: u64,
 }
 
@@ -155,7 +237,8 @@ impl SnapshotStore {
             max_bytes: cache.max_snapshot_bytes,
             max_entries: cache.max_snapshot_entries as usize,
             spill_dir: cache.snapshot_dir.clone(),
-            fingerprint: fingerprint.to_string(),
+            writer: None,
+            fingerprint: fingerprint.into(),
             tick: 0,
         };
         if let Some(dir) = store.spill_dir.clone() {
@@ -164,6 +247,7 @@ impl SnapshotStore {
                 store.spill_dir = None;
             } else {
                 store.index_dir(&dir, stats);
+                store.writer = Some(SpillWriter::start());
             }
         }
         store
@@ -179,9 +263,10 @@ impl SnapshotStore {
                 continue;
             }
             match read_spill_header(&path) {
-                Ok(h) if h.model_fingerprint == self.fingerprint => self.spilled.push(Spilled {
+                Ok(h) if *h.model_fingerprint == *self.fingerprint => self.spilled.push(Spilled {
                     path,
                     tokens: h.tokens,
+                    pending: None,
                 }),
                 Ok(_) => {
                     stats.snapshot_files_rejected += 1;
@@ -231,10 +316,11 @@ impl SnapshotStore {
             !drop
         });
         self.bytes -= freed;
+        let writer = &self.writer;
         self.spilled.retain(|s| {
             let drop = superseded(&s.tokens);
-            if drop {
-                let _ = std::fs::remove_file(&s.path);
+            if let (true, Some(w)) = (drop, writer) {
+                w.send(SpillJob::Remove(s.path.clone()));
             }
             !drop
         });
@@ -260,17 +346,25 @@ impl SnapshotStore {
         }
     }
 
+    /// Hands an entry pushed out of memory to the writer thread; until it
+    /// is written, a restore reads the state kept with the index entry.
     fn spill(&mut self, e: Snapshot, _stats: &mut CacheStats) {
-        let Some(dir) = &self.spill_dir else { return };
-        let name = hex::encode(&token_hash(&e.tokens)[..12]);
-        let path = dir.join(format!("{name}.sippkv"));
-        match write_spill(&path, &self.fingerprint, &e.tokens, &e.state) {
-            Ok(()) => self.spilled.push(Spilled {
-                path,
-                tokens: e.tokens,
-            }),
-            Err(err) => tracing::warn!("could not spill snapshot to {}: {err}", path.display()),
-        }
+        let (Some(dir), Some(writer)) = (&self.spill_dir, &self.writer) else {
+            return;
+        };
+        let path = dir.join(spill_name(&e.tokens));
+        let state = Arc::new(e.state);
+        writer.send(SpillJob::Write {
+            path: path.clone(),
+            fingerprint: self.fingerprint.clone(),
+            tokens: e.tokens.clone(),
+            state: state.clone(),
+        });
+        self.spilled.push(Spilled {
+            path,
+            tokens: e.tokens,
+            pending: Some(state),
+        });
     }
 
     /// The snapshot sharing the longest prefix with the prompt: (index, length).
@@ -299,9 +393,19 @@ impl SnapshotStore {
             e.last_used = self.tick;
             return Some((e.tokens.clone(), e.state.clone()));
         }
-        let s = self.spilled.remove(i - self.entries.len());
+        let mut s = self.spilled.remove(i - self.entries.len());
+        if let Some(state) = s.pending.take() {
+            let tokens = s.tokens.clone();
+            let bytes = state.as_ref().clone();
+            // Still being written: keep the bytes until the writer is done.
+            if Arc::strong_count(&state) > 1 {
+                s.pending = Some(state);
+            }
+            self.spilled.push(s);
+            return Some((tokens, bytes));
+        }
         let loaded = read_spill_header(&s.path).and_then(|h| {
-            if h.model_fingerprint != self.fingerprint {
+            if *h.model_fingerprint != *self.fingerprint {
                 return Err("it was made by another model".into());
             }
             if h.tokens != s.tokens {
@@ -379,5 +483,47 @@ mod tests {
         std::fs::write(dir.join("b.sippkv"), &bytes[..bytes.len() - 2]).expect("write");
         let err = read_spill_header(&dir.join("b.sippkv")).unwrap_err();
         assert!(err.contains("size mismatch"), "{err}");
+    }
+
+    /// A spill whose file cannot be written yet (its temporary path is a
+    /// FIFO nobody reads) must not block the caller: the engine thread
+    /// inserts snapshots between decode steps.
+    #[test]
+    fn a_blocked_disk_write_does_not_stall_the_inserting_thread() {
+        let dir = std::env::temp_dir().join(format!("sipp-snap-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let tokens = vec![5, 6, 7];
+        let tmp = dir.join(spill_name(&tokens)).with_extension("tmp");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&tmp)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let (done_tx, done_rx) = mpsc::channel();
+        let dir2 = dir.clone();
+        let t = std::thread::spawn(move || {
+            let mut stats = CacheStats::default();
+            // No room in memory: the entry goes straight to the writer.
+            let mut s = SnapshotStore::new(&cfg(1, Some(dir2)), "m", &mut stats);
+            s.insert(vec![5, 6, 7], b"state".to_vec(), &mut stats);
+            let restored = s.take_for(&[5, 6, 7, 8], &mut stats);
+            done_tx.send(restored).expect("send");
+            s // dropped after the FIFO is read: waits for the writer
+        });
+        let restored = done_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("insert and restore returned while the write was blocked");
+        assert_eq!(
+            restored,
+            Some((vec![5, 6, 7], b"state".to_vec())),
+            "a pending spill restores from memory"
+        );
+        // Unblock the writer: read what it writes into the FIFO.
+        let written = std::fs::read(&tmp).expect("read fifo");
+        drop(t.join().expect("store thread"));
+        assert!(written.starts_with(MAGIC), "the writer wrote a spill file");
+        assert!(dir.join(spill_name(&tokens)).exists(), "renamed into place");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

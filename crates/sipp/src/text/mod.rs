@@ -19,8 +19,6 @@ pub enum FinishReason {
     Length,
     /// Cancelled by the caller (or the caller went away).
     Cancelled,
-    /// Failed; the error says why.
-    Error,
 }
 
 impl FinishReason {
@@ -30,7 +28,6 @@ impl FinishReason {
             FinishReason::Stop | FinishReason::Eos => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
-            FinishReason::Error => "error",
         }
     }
 
@@ -41,7 +38,6 @@ impl FinishReason {
             FinishReason::Eos => "eos",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
-            FinishReason::Error => "error",
         }
     }
 }

@@ -1,0 +1,299 @@
+//! The executor carries a [`StepPlan`] out on the backend: KV operations in
+//! order, samplers for admitted requests, the batch, then sampling and
+//! embedding reads at its output rows. What happened comes back as a
+//! [`StepOutput`]; no decision is made here.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::metrics::EngineMetrics;
+use super::request::EngineError;
+use crate::runtime::{Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec};
+use crate::sampling::{SamplerCacheKey, SamplerPool};
+use crate::scheduler::{
+    BatchOutcome, BatchSpan, PrefillKind, ReadKind, Release, SampledToken, SamplerSetup, SlotId,
+    SpanOutcome, SpanResult, StepOutput, StepPlan,
+};
+use crate::session::{KvOp, KvSessions};
+
+/// The backend and what lives next to it: one sampler per busy slot, and a
+/// pool of constrained samplers kept for reuse.
+pub struct Executor<B: Backend> {
+    backend: B,
+    samplers: Vec<Option<(B::Sampler, Option<SamplerCacheKey>)>>,
+    pool: SamplerPool<B::Sampler>,
+    metrics: Arc<EngineMetrics>,
+}
+
+impl<B: Backend> Executor<B> {
+    /// An executor for `slots` slots.
+    pub fn new(backend: B, slots: usize, metrics: Arc<EngineMetrics>) -> Self {
+        Self {
+            backend,
+            samplers: (0..slots).map(|_| None).collect(),
+            pool: SamplerPool::new(),
+            metrics,
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably (failure injection in tests).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Carries out a plan.
+    pub fn run(&mut self, kv: &mut KvSessions, plan: &StepPlan) -> StepOutput {
+        let mut out = StepOutput::default();
+        for op in &plan.kv_ops {
+            let got = kv.apply(&mut self.backend, op);
+            let (seq, want) = match op {
+                KvOp::Restore { seq, prefix } => (*seq, prefix.len()),
+                KvOp::Share { dst, len, .. } => (*dst, *len),
+                _ => continue,
+            };
+            out.short.retain(|(s, _)| *s != seq);
+            if got.is_some_and(|n| n < want) {
+                out.short.push((seq, kv.resident_len(seq)));
+            }
+        }
+        count_reuse(kv, plan, &out);
+        for a in &plan.admissions {
+            let Some(setup) = &a.sampler else { continue };
+            match self.build_sampler(setup) {
+                Ok(s) => self.samplers[a.slot] = Some(s),
+                Err(e) => out.sampler_failures.push((a.slot, e)),
+            }
+        }
+        // A span whose sampler could not be built, or whose sequence came up
+        // short, does not run.
+        let spans: Vec<&BatchSpan> = plan
+            .batch
+            .spans
+            .iter()
+            .filter(|s| !out.sampler_failures.iter().any(|(slot, _)| *slot == s.slot))
+            .filter(|s| !out.short.iter().any(|(seq, _)| *seq == s.lease.seq_id))
+            .collect();
+        if spans.is_empty() {
+            return out;
+        }
+        self.metrics.steps.fetch_add(1, Relaxed);
+        let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
+        self.metrics.batch_rows.fetch_add(rows as u64, Relaxed);
+        out.batch = match self.run_batch(kv, plan.batch.kind, &spans, true) {
+            Some(outcomes) => BatchOutcome::Ran(
+                plan.batch
+                    .spans
+                    .iter()
+                    .map(|s| {
+                        outcomes
+                            .iter()
+                            .find(|o| o.slot == s.slot)
+                            .cloned()
+                            .unwrap_or_else(|| skipped(s))
+                    })
+                    .collect(),
+            ),
+            None => BatchOutcome::NoKvSpace,
+        };
+        out
+    }
+
+    /// Runs spans as one batch; on a failure of several slots' rows, splits
+    /// them and retries each half, so a failure lands only on the rows that
+    /// cause it. `None`: no KV slot for the whole batch (`top` only).
+    fn run_batch(
+        &mut self,
+        kv: &mut KvSessions,
+        kind: PrefillKind,
+        spans: &[&BatchSpan],
+        top: bool,
+    ) -> Option<Vec<SpanOutcome>> {
+        let rows = build_rows(spans);
+        let started = Instant::now();
+        let result = match kind {
+            PrefillKind::Decode => self.backend.decode(&rows),
+            PrefillKind::Encode => self.backend.encode(&rows),
+        };
+        self.metrics
+            .batch_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        match result {
+            Ok(()) => Some(self.read_outputs(kv, kind, spans)),
+            Err(BatchError::NoKvSpace) if top => None,
+            Err(BatchError::NoKvSpace) => Some(spans.iter().map(|s| skipped(s)).collect()),
+            Err(BatchError::Failed(_)) if spans.len() > 1 => {
+                let (a, b) = spans.split_at(spans.len() / 2);
+                let mut out = self.run_batch(kv, kind, a, false)?;
+                out.extend(self.run_batch(kv, kind, b, false)?);
+                Some(out)
+            }
+            Err(BatchError::Failed(code)) => Some(vec![SpanOutcome {
+                slot: spans[0].slot,
+                request_id: spans[0].request_id,
+                result: SpanResult::Failed(EngineError::Decode(format!(
+                    "llama.cpp returned {code} for this request's batch"
+                ))),
+            }]),
+        }
+    }
+
+    /// After a batch ran: records its rows in the mirror, then samples or
+    /// reads embeddings at the output rows.
+    fn read_outputs(
+        &mut self,
+        kv: &mut KvSessions,
+        kind: PrefillKind,
+        spans: &[&BatchSpan],
+    ) -> Vec<SpanOutcome> {
+        let mut row = 0usize;
+        let mut out = Vec::with_capacity(spans.len());
+        for span in spans {
+            let first = row;
+            row += span.tokens.len();
+            let outcome = |result| SpanOutcome {
+                slot: span.slot,
+                request_id: span.request_id,
+                result,
+            };
+            if kind == PrefillKind::Decode {
+                if let Err(e) = kv.record_decoded(span.lease, &span.tokens) {
+                    // A stale lease here is a bookkeeping bug; fail loudly, alone.
+                    tracing::error!("{e}");
+                    out.push(outcome(SpanResult::Failed(EngineError::Decode(
+                        e.to_string(),
+                    ))));
+                    continue;
+                }
+            }
+            let result = match (span.outputs.is_empty(), span.read) {
+                (true, _) => SpanResult::Computed,
+                (false, ReadKind::Embedding) => self.read_embedding(span, first),
+                (false, ReadKind::Sample) => self.sample(span, first),
+            };
+            out.push(outcome(result));
+        }
+        out
+    }
+
+    fn read_embedding(&self, span: &BatchSpan, first_row: usize) -> SpanResult {
+        let row = first_row + span.outputs[span.outputs.len() - 1];
+        let pooling = self.backend.embedding_pooling().unwrap_or(Pooling::None);
+        match self.backend.embedding(span.lease.seq_id, row) {
+            Some(values) => SpanResult::Embedding { values, pooling },
+            None => SpanResult::Failed(EngineError::Unsupported(
+                "the context produced no embedding".into(),
+            )),
+        }
+    }
+
+    fn sample(&mut self, span: &BatchSpan, first_row: usize) -> SpanResult {
+        let Some((sampler, _)) = self.samplers[span.slot].as_mut() else {
+            return SpanResult::Failed(EngineError::Decode("the slot has no sampler".into()));
+        };
+        let mut tokens = Vec::with_capacity(span.outputs.len());
+        for &o in &span.outputs {
+            match self.backend.sample(sampler, first_row + o, span.logprobs) {
+                Ok(s) => tokens.push(SampledToken {
+                    token: s.token,
+                    logprobs: s.logprobs,
+                }),
+                Err(SampleError::GrammarExhausted) => return SpanResult::GrammarExhausted,
+            }
+        }
+        SpanResult::Sampled(tokens)
+    }
+
+    fn build_sampler(
+        &mut self,
+        setup: &SamplerSetup,
+    ) -> Result<(B::Sampler, Option<SamplerCacheKey>), EngineError> {
+        let spec = &setup.spec;
+        let sspec = SamplerSpec {
+            params: &spec.sampling,
+            constraint: spec.constraint.as_ref(),
+            seed: spec.seed,
+        };
+        // Only constrained samplers are worth caching: building one parses a grammar.
+        let key = spec
+            .constraint
+            .as_ref()
+            .map(|c| SamplerCacheKey::new(&spec.sampling, Some(c)));
+        let pooled = key.as_ref().and_then(|k| self.pool.take(k));
+        let mut sampler = match pooled {
+            Some(mut s) => {
+                self.backend.reset_sampler(&mut s, sspec)?;
+                s
+            }
+            None => self.backend.new_sampler(sspec)?,
+        };
+        self.backend
+            .sampler_accept_prompt(&mut sampler, &setup.prompt);
+        Ok((sampler, key))
+    }
+
+    /// Releases a freed slot: its lease (KV kept as a prefix candidate when
+    /// allowed) and its sampler, back to the pool.
+    pub fn release(&mut self, kv: &mut KvSessions, r: &Release) {
+        if let Err(e) = kv.check(r.lease) {
+            tracing::error!("{e}");
+        } else {
+            kv.apply(
+                &mut self.backend,
+                &KvOp::Release {
+                    lease: r.lease,
+                    keep: r.keep,
+                },
+            );
+        }
+        if let Some((sampler, Some(key))) = self.samplers[r.slot].take() {
+            self.pool.put(key, sampler);
+        }
+    }
+
+    /// Which slot holds a sampler (for tests).
+    pub fn has_sampler(&self, slot: SlotId) -> bool {
+        self.samplers[slot].is_some()
+    }
+}
+
+fn skipped(s: &BatchSpan) -> SpanOutcome {
+    SpanOutcome {
+        slot: s.slot,
+        request_id: s.request_id,
+        result: SpanResult::Deferred,
+    }
+}
+
+fn build_rows(spans: &[&BatchSpan]) -> Vec<BatchRow> {
+    let mut rows = Vec::with_capacity(spans.iter().map(|s| s.tokens.len()).sum());
+    for span in spans {
+        for (k, &token) in span.tokens.iter().enumerate() {
+            rows.push(BatchRow {
+                token,
+                pos: (span.start + k) as u32,
+                seq: span.lease.seq_id,
+                output: span.outputs.contains(&k),
+            });
+        }
+    }
+    rows
+}
+
+/// Prefix reuse counters, from what the ops actually brought back.
+fn count_reuse(kv: &mut KvSessions, plan: &StepPlan, out: &StepOutput) {
+    for a in &plan.admissions {
+        let short = out.short.iter().find(|(seq, _)| *seq == a.lease.seq_id);
+        let n = short.map_or(a.reused_tokens, |&(_, n)| n.min(a.reused_tokens));
+        kv.count_reuse(n);
+    }
+    let shared = plan.prefix_shares.iter().filter_map(|p| p.shared);
+    for n in shared.chain(plan.resumes.iter().map(|r| r.cursor)) {
+        kv.count_shared(n);
+    }
+}

@@ -1,0 +1,362 @@
+//! What the engine can do ([`EngineInfo`]) and the preparation of requests on
+//! the caller's thread ([`RequestPreparer`]): each field checked by its rule in
+//! [`validate`](super::validate), the prompt tokenized, defaults filled in.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::config::NativeRuntimeConfig;
+use crate::runtime::{Backend, ModelInfo, Pooling, Token, Vocab};
+use crate::sampling::{BiasTarget, LogitBias, SamplingParams};
+use crate::scheduler::RequestId;
+
+use super::validate;
+use super::{
+    EmbedRequest, EngineError, EventSink, GenerateRequest, GenerateSpec, PreparedKind,
+    PreparedRequest, PromptInput,
+};
+
+/// What the engine can do, fixed at start.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// The model.
+    pub model: ModelInfo,
+    /// KV cache size in tokens.
+    pub n_ctx: u32,
+    /// Slots.
+    pub slots: usize,
+    /// Largest embedding input.
+    pub max_embedding_tokens: usize,
+    /// Pooling when the context computes embeddings.
+    pub embedding_pooling: Option<Pooling>,
+    /// Whether the context can generate text.
+    pub can_generate: bool,
+    /// Default sampling settings.
+    pub sampling: SamplingParams,
+    /// Queue limit.
+    pub max_queued: usize,
+    /// Default max_tokens (0: until the context is full).
+    pub default_max_tokens: u32,
+    /// Upper bound on max_tokens (0: none).
+    pub max_tokens_limit: u32,
+}
+
+impl EngineInfo {
+    /// What an engine on this backend with this config can do.
+    pub fn new<B: Backend>(backend: &B, config: &NativeRuntimeConfig) -> Self {
+        let model = backend.vocab().info().clone();
+        let pooling = backend.embedding_pooling();
+        let encoder_only = model.has_encoder && !model.has_decoder;
+        let budget = (config.step_budget() as usize).min(backend.n_batch() as usize);
+        EngineInfo {
+            n_ctx: backend.n_ctx(),
+            slots: config.slots() as usize,
+            max_embedding_tokens: budget.min(backend.n_ubatch() as usize),
+            embedding_pooling: pooling,
+            // A decoder context computing pooled embeddings yields no logits.
+            can_generate: !encoder_only && pooling.is_none_or(|p| p == Pooling::None),
+            sampling: config.sampling.clone(),
+            max_queued: config.scheduler.max_queued_requests as usize,
+            default_max_tokens: config.scheduler.default_max_tokens,
+            max_tokens_limit: config.scheduler.max_tokens_limit,
+            model,
+        }
+    }
+}
+
+/// Validates and tokenizes requests on the caller's thread.
+#[derive(Clone)]
+pub struct RequestPreparer {
+    pub(super) vocab: Arc<dyn Vocab>,
+    info: Arc<EngineInfo>,
+    eog_tokens: Arc<Vec<Token>>,
+    chat_template: Arc<Result<ChatTemplate, ChatError>>,
+}
+
+impl std::fmt::Debug for RequestPreparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestPreparer")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+fn random_seed() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() as u32
+}
+
+impl RequestPreparer {
+    /// A preparer for an engine with this vocabulary and info.
+    pub fn new(vocab: Arc<dyn Vocab>, info: EngineInfo) -> Self {
+        let eog_tokens = (0..info.model.n_vocab as Token)
+            .filter(|&t| vocab.is_eog(t))
+            .collect();
+        let token_text = |t: Option<Token>| t.map(|t| vocab.token_text(t)).unwrap_or_default();
+        let chat_template = match &info.model.chat_template {
+            Some(source) => ChatTemplate::new(
+                source,
+                &token_text(info.model.bos),
+                &token_text(info.model.eos),
+            ),
+            None => Err(ChatError::NoTemplate),
+        };
+        Self {
+            vocab,
+            info: Arc::new(info),
+            eog_tokens: Arc::new(eog_tokens),
+            chat_template: Arc::new(chat_template),
+        }
+    }
+
+    /// Renders a conversation with the model's chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        match self.chat_template.as_ref() {
+            Ok(t) => t.render(messages, add_generation_prompt),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// The token ids of a rendered conversation: special-token text parsed,
+    /// BOS added only when the model wants one and the template did not write it.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
+        let text = self.render_chat(messages, true)?;
+        let mut tokens = self
+            .vocab
+            .tokenize(&text, false, true)
+            .map_err(|e| EngineError::Tokenize(e.to_string()))?;
+        if let Some(bos) = self.info.model.bos {
+            if self.info.model.add_bos && tokens.first() != Some(&bos) {
+                tokens.insert(0, bos);
+            }
+        }
+        Ok(PromptInput::Tokens(tokens))
+    }
+
+    /// What the engine can do.
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The tokens of a prompt given in `field`: text tokenized (empty text
+    /// stays empty, for the length rule to refuse), token ids checked against
+    /// the vocabulary.
+    fn tokens_of(
+        &self,
+        field: &'static str,
+        input: &PromptInput,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>, EngineError> {
+        match input {
+            PromptInput::Text(s) if s.is_empty() => Ok(Vec::new()),
+            PromptInput::Text(s) => self
+                .vocab
+                .tokenize(s, add_special, parse_special)
+                .map_err(|e| EngineError::Tokenize(e.to_string())),
+            PromptInput::Tokens(t) => t
+                .iter()
+                .map(|&x| validate::token_id(field, x.into(), self.info.model.n_vocab))
+                .collect(),
+        }
+    }
+
+    /// Validates a generation request.
+    pub fn prepare_generate(
+        &self,
+        id: RequestId,
+        req: GenerateRequest,
+        sink: EventSink,
+    ) -> Result<PreparedRequest, EngineError> {
+        let info = &self.info;
+        if !info.model.can_generate() {
+            return Err(EngineError::Unsupported(format!(
+                "{} is an encoder-only ({}) model; it computes embeddings and cannot generate text",
+                info.model.name.as_deref().unwrap_or("this model"),
+                info.model.architecture
+            )));
+        }
+        if !info.can_generate {
+            return Err(EngineError::Unsupported(
+                "this endpoint's context is configured for embeddings only".into(),
+            ));
+        }
+        let mut sampling = req.sampling.unwrap_or_else(|| info.sampling.clone());
+        validate::sampling(&sampling, info.model.n_vocab)?;
+        if let Some(c) = &req.constraint {
+            validate::constraint(c, self.vocab.as_ref(), &sampling.json_bounds)?;
+        }
+        if let Some(n) = req.logprobs {
+            validate::logprobs(n)?;
+        }
+        validate::stop(&req.stop)?;
+        if let Some(n) = req.max_tokens {
+            validate::max_tokens(n, info.max_tokens_limit)?;
+        }
+        let add_special = req.add_special && info.model.add_bos;
+        let prompt = self.tokens_of("prompt", &req.prompt, add_special, req.parse_special)?;
+        validate::prompt_length(prompt.len(), info.n_ctx)?;
+        let max_tokens = match req.max_tokens {
+            Some(n) => n as usize,
+            None if info.default_max_tokens > 0 => info.default_max_tokens as usize,
+            // Until the context is full.
+            None => info.n_ctx as usize - prompt.len(),
+        };
+        if req.ignore_eos {
+            // Ban end-of-generation tokens so the model keeps writing, as
+            // llama-server does.
+            sampling
+                .logit_bias
+                .extend(self.eog_tokens.iter().map(|&t| LogitBias {
+                    target: BiasTarget::Token(t),
+                    bias: f32::NEG_INFINITY,
+                }));
+        }
+        let seed = sampling.seed.unwrap_or_else(random_seed);
+        Ok(PreparedRequest {
+            id,
+            kind: PreparedKind::Generate(GenerateSpec {
+                max_tokens,
+                stop: req.stop,
+                ignore_eos: req.ignore_eos,
+                sampling,
+                seed,
+                constraint: req.constraint,
+                logprobs: req.logprobs.map(|n| n as usize),
+            }),
+            prompt,
+            context_key: req.context_key,
+            cache_prompt: req.cache_prompt,
+            repeatable: req.repeatable,
+            submitted_at: Instant::now(),
+            sink,
+        })
+    }
+
+    /// Validates an embedding request.
+    pub fn prepare_embed(
+        &self,
+        id: RequestId,
+        req: EmbedRequest,
+        sink: EventSink,
+    ) -> Result<PreparedRequest, EngineError> {
+        if self.info.embedding_pooling.is_none() {
+            return Err(EngineError::Unsupported(format!(
+                "this context does not compute embeddings ({} is a generation model; load it with \
+                 context.embeddings = true, or use an embedding model)",
+                self.info.model.architecture
+            )));
+        }
+        let prompt = self.tokens_of("input", &req.input, true, false)?;
+        validate::embedding_input_length(prompt.len(), self.info.max_embedding_tokens)?;
+        Ok(PreparedRequest {
+            id,
+            kind: PreparedKind::Embed {
+                normalize: req.normalize,
+            },
+            prompt,
+            context_key: None,
+            cache_prompt: false,
+            repeatable: false,
+            submitted_at: Instant::now(),
+            sink,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::fake::{FakeBackend, FakeConfig, N_VOCAB};
+
+    fn preparer(max_tokens_limit: u32) -> RequestPreparer {
+        let mut config = NativeRuntimeConfig::default();
+        config.scheduler.max_tokens_limit = max_tokens_limit;
+        let backend = FakeBackend::new(FakeConfig {
+            n_ctx: 64,
+            ..FakeConfig::default()
+        });
+        RequestPreparer::new(backend.vocab(), EngineInfo::new(&backend, &config))
+    }
+
+    /// Prepares the request; on refusal, the field it names.
+    fn prepare(p: &RequestPreparer, req: GenerateRequest) -> Result<(), String> {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        match p.prepare_generate(1, req, tx) {
+            Ok(_) => Ok(()),
+            Err(EngineError::InvalidRequest { field, .. }) => Err(field.to_string()),
+            Err(EngineError::Sampling(crate::sampling::SamplingError::Invalid {
+                field, ..
+            })) => Err(field.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn each_field_is_checked_by_its_rule() {
+        let p = preparer(10);
+        let req = || GenerateRequest::new("ab");
+        // max_tokens: 1 to the endpoint's limit.
+        assert_eq!(prepare(&p, req().max_tokens(10)), Ok(()));
+        assert_eq!(prepare(&p, req().max_tokens(11)), Err("max_tokens".into()));
+        assert_eq!(prepare(&p, req().max_tokens(0)), Err("max_tokens".into()));
+        // logprobs: up to MAX_TOP_LOGPROBS.
+        let logprobs = |n| GenerateRequest {
+            logprobs: Some(n),
+            ..req()
+        };
+        assert_eq!(prepare(&p, logprobs(validate::MAX_TOP_LOGPROBS)), Ok(()));
+        assert_eq!(
+            prepare(&p, logprobs(validate::MAX_TOP_LOGPROBS + 1)),
+            Err("logprobs".into())
+        );
+        // stop: up to MAX_STOP_STRINGS.
+        let stop = |n: usize| GenerateRequest {
+            stop: (0..n).map(|i| format!("s{i}")).collect(),
+            ..req()
+        };
+        assert_eq!(prepare(&p, stop(validate::MAX_STOP_STRINGS)), Ok(()));
+        assert_eq!(
+            prepare(&p, stop(validate::MAX_STOP_STRINGS + 1)),
+            Err("stop".into())
+        );
+        // logit_bias and prompt token ids: inside the vocabulary.
+        let bias = |t: usize| {
+            req().sampling(SamplingParams {
+                logit_bias: vec![LogitBias {
+                    target: BiasTarget::Token(t as Token),
+                    bias: 1.0,
+                }],
+                ..SamplingParams::default()
+            })
+        };
+        assert_eq!(prepare(&p, bias(N_VOCAB - 1)), Ok(()));
+        assert_eq!(prepare(&p, bias(N_VOCAB)), Err("logit_bias".into()));
+        let tokens = |t: usize| GenerateRequest::new(PromptInput::Tokens(vec![1, t as Token]));
+        assert_eq!(prepare(&p, tokens(N_VOCAB - 1)), Ok(()));
+        assert_eq!(prepare(&p, tokens(N_VOCAB)), Err("prompt".into()));
+    }
+
+    #[test]
+    fn no_endpoint_limit_leaves_max_tokens_open() {
+        let p = preparer(0);
+        assert_eq!(
+            prepare(&p, GenerateRequest::new("ab").max_tokens(u32::MAX)),
+            Ok(())
+        );
+    }
+}

@@ -1,0 +1,459 @@
+//! [`Scheduler::schedule`]: one step's decisions, made on a draft (a copy of
+//! the KV mirror and copy-on-write slot states) so that each decision sees
+//! the ones before it, and returned as a [`StepPlan`]. Nothing here touches
+//! the backend or the scheduler itself.
+
+use std::borrow::Cow;
+
+use super::batch::{pack, Packing, SlotSpan};
+use super::plan::{
+    Admission, Batch, BatchSpan, PrefixShare, ReadKind, Resume, SamplerSetup, SpanKind, StepPlan,
+};
+use super::slot::{
+    PrefillKind, PrefixWait, SlotExecutionPlan, SlotPhase, SlotTokens, TerminalAction,
+};
+use super::{Queued, Scheduler, SlotId};
+use crate::config::CacheMode;
+use crate::engine::{EngineError, PreparedKind};
+use crate::session::{plan_acquire, AcquireAsk, KvMirror, KvOp, KvSessions, ReusePolicy};
+
+/// A slot as the draft sees it.
+#[derive(Debug, Clone)]
+struct DraftSlot<'a> {
+    phase: SlotPhase,
+    tokens: Cow<'a, SlotTokens>,
+    cache_prompt: bool,
+    repeatable: bool,
+    logprobs: Option<usize>,
+}
+
+/// The state a plan is made on, changed decision by decision.
+struct Draft<'a> {
+    kv: KvMirror,
+    slots: Vec<Option<DraftSlot<'a>>>,
+    plan: StepPlan,
+}
+
+impl<'a> Draft<'a> {
+    fn new(s: &'a Scheduler, kv: &KvSessions) -> Self {
+        let slots = s
+            .slots
+            .iter()
+            .map(|slot| {
+                slot.running().map(|r| DraftSlot {
+                    phase: r.phase,
+                    tokens: Cow::Borrowed(&r.tokens),
+                    cache_prompt: r.cache_prompt,
+                    repeatable: r.repeatable,
+                    logprobs: r.logprobs(),
+                })
+            })
+            .collect();
+        Draft {
+            kv: kv.mirror().clone(),
+            slots,
+            plan: StepPlan {
+                kv_ops: Vec::new(),
+                admissions: Vec::new(),
+                prefix_shares: Vec::new(),
+                resumes: Vec::new(),
+                preemptions: Vec::new(),
+                failures: Vec::new(),
+                batch: Batch {
+                    kind: PrefillKind::Decode,
+                    spans: Vec::new(),
+                },
+            },
+        }
+    }
+
+    fn op(&mut self, op: KvOp, cache_off: bool) {
+        self.kv.apply(&op, cache_off);
+        self.plan.kv_ops.push(op);
+    }
+
+    fn busy(&self) -> impl Iterator<Item = (SlotId, &DraftSlot<'a>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+    }
+
+    fn tokens_mut(&mut self, slot: SlotId) -> &mut SlotTokens {
+        self.slots[slot]
+            .as_mut()
+            .expect("drafted slot is busy")
+            .tokens
+            .to_mut()
+    }
+
+    /// Cells that prompts already admitted will still take.
+    fn reserve(&self) -> u32 {
+        self.busy().map(|(_, s)| s.tokens.reserve()).sum::<usize>() as u32
+    }
+}
+
+impl Scheduler {
+    /// Decides one step. `short_of_room` is set after the backend found no KV
+    /// slot for the last batch although the mirror had room (fragmentation):
+    /// room is then made at least once before a batch is planned.
+    pub fn schedule(&self, kv: &KvSessions, short_of_room: bool) -> StepPlan {
+        let mut d = Draft::new(self, kv);
+        if self.resume_due {
+            self.resume_preempted(&mut d);
+        }
+        self.admit(&mut d, kv);
+        self.resolve_prefix_waits(&mut d);
+        let others_running = d
+            .busy()
+            .any(|(_, s)| !s.tokens.preempted && s.tokens.prefix_wait.is_none());
+        if !others_running {
+            self.resume_preempted(&mut d);
+        }
+        self.plan_batch(&mut d, kv.policy(), short_of_room);
+        debug_assert!(
+            {
+                let mut replay = kv.mirror().clone();
+                let cache_off = kv.mode() == CacheMode::Off;
+                d.plan
+                    .kv_ops
+                    .iter()
+                    .for_each(|op| replay.apply(op, cache_off));
+                replay.same_content(&d.kv)
+            },
+            "the plan's KV operations do not lead to the state it was made on"
+        );
+        d.plan
+    }
+
+    /// Admits queued requests, in order, while a slot and KV room allow.
+    fn admit(&self, d: &mut Draft<'_>, kv: &KvSessions) {
+        let encoder = self.model_is_encoder;
+        for q in &self.queue {
+            let Some(slot) = d.slots.iter().position(Option::is_none) else {
+                break;
+            };
+            let req = &q.req;
+            // A repeatable request runs alone: it waits for the others to
+            // finish, and nothing joins it.
+            let any_busy = d.busy().next().is_some();
+            if d.busy().any(|(_, s)| s.repeatable) || (req.repeatable && any_busy) {
+                break;
+            }
+            let is_embed = matches!(req.kind, PreparedKind::Embed { .. });
+            // Embeddings never reuse KV: pooling needs the whole input in one batch.
+            let use_cache = req.cache_prompt && !is_embed && !req.repeatable;
+            if req.repeatable {
+                self.clear_all(d, kv);
+            }
+            let ask = AcquireAsk {
+                prompt: &req.prompt,
+                context_key: req.context_key.as_deref(),
+                use_cache,
+                reserve: if encoder { 0 } else { d.reserve() },
+            };
+            let Some(mut acq) = plan_acquire(&mut d.kv, kv.snapshots(), kv.policy(), ask) else {
+                break;
+            };
+            d.plan.kv_ops.append(&mut acq.ops);
+            let admission = self.admission(q, slot, acq, d.plan.admissions.len());
+            let mut tokens = self.new_tokens(q, &admission);
+            if use_cache && kv.mode() == CacheMode::SharedPrefix {
+                tokens.prefix_wait = self.shared_prefix_in_progress(d, &tokens);
+            }
+            d.slots[slot] = Some(DraftSlot {
+                phase: SlotPhase::Admitted,
+                tokens: Cow::Owned(tokens),
+                cache_prompt: use_cache,
+                repeatable: req.repeatable,
+                logprobs: admission.sampler.as_ref().and_then(|s| s.spec.logprobs),
+            });
+            d.plan.admissions.push(Admission {
+                prefix_wait: d.slots[slot].as_ref().and_then(|s| s.tokens.prefix_wait),
+                ..admission
+            });
+        }
+    }
+
+    fn admission(
+        &self,
+        q: &Queued,
+        slot: SlotId,
+        acq: crate::session::Acquired,
+        nth: usize,
+    ) -> Admission {
+        let req = &q.req;
+        let embed = matches!(req.kind, PreparedKind::Embed { .. });
+        Admission {
+            request_id: req.id,
+            slot,
+            lease: acq.lease,
+            prompt_tokens: req.prompt.len(),
+            reuse: acq.reuse,
+            reused_tokens: acq.reused_tokens,
+            prefix_wait: None,
+            order: self.admissions + nth as u64 + 1,
+            exec: SlotExecutionPlan {
+                prefill: if embed && self.model_is_encoder {
+                    PrefillKind::Encode
+                } else {
+                    PrefillKind::Decode
+                },
+                terminal: if embed {
+                    TerminalAction::ReadEmbedding
+                } else {
+                    TerminalAction::SampleTokens
+                },
+            },
+            sampler: match &req.kind {
+                PreparedKind::Generate(spec) => Some(SamplerSetup {
+                    spec: spec.clone(),
+                    prompt: req.prompt.clone(),
+                }),
+                PreparedKind::Embed { .. } => None,
+            },
+        }
+    }
+
+    fn new_tokens(&self, q: &Queued, a: &Admission) -> SlotTokens {
+        SlotTokens {
+            request_id: q.req.id,
+            plan: a.exec,
+            lease: a.lease,
+            context: q.req.prompt.clone(),
+            prompt_len: q.req.prompt.len(),
+            prefill_cursor: a.reused_tokens,
+            pending: Vec::new(),
+            prefix_wait: None,
+            preempted: false,
+            admission_order: a.order,
+        }
+    }
+
+    /// Brings the KV cache to the state of a fresh engine for a repeatable
+    /// request: every idle sequence is evicted (snapshotted when snapshots
+    /// are on), then llama.cpp's cache is cleared, which also resets where it
+    /// places new cells. The same cells and KV window then give the same
+    /// numerics as on a fresh engine (the flash-attention kernel changes its
+    /// reduction with the window's size and the cells' places).
+    fn clear_all(&self, d: &mut Draft<'_>, kv: &KvSessions) {
+        let cache_off = kv.mode() == CacheMode::Off;
+        while let Some(seq) = d.kv.eviction_victim(&[]) {
+            let snapshot = kv.policy().snapshot_on_evict(d.kv.resident_len(seq));
+            d.op(KvOp::Evict { seq, snapshot }, cache_off);
+        }
+        d.op(KvOp::ClearAll, cache_off);
+    }
+
+    /// A longer prefix of this prompt that another slot is computing right now;
+    /// waiting for it and sharing it beats computing it twice.
+    fn shared_prefix_in_progress(&self, d: &Draft<'_>, t: &SlotTokens) -> Option<PrefixWait> {
+        let cap = t.prompt_len.saturating_sub(1);
+        d.busy()
+            .map(|(slot, s)| (slot, s.tokens.as_ref()))
+            .filter(|(_, o)| {
+                o.prefix_wait.is_none() && o.plan.terminal == TerminalAction::SampleTokens
+            })
+            .map(|(slot, o)| {
+                let n = o.context[..o.prompt_len]
+                    .iter()
+                    .zip(&t.context)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(cap);
+                (slot, o, n)
+            })
+            .filter(|&(_, o, n)| n >= t.prefill_cursor + self.min_prefix && o.prefill_cursor < n)
+            .max_by_key(|&(_, _, n)| n)
+            .map(|(slot, o, n)| PrefixWait {
+                source_slot: slot,
+                source_request: o.request_id,
+                len: n,
+            })
+    }
+
+    /// Ends prefix waits whose source has computed the prefix (it is shared)
+    /// or went away (the slot computes the prefix itself).
+    fn resolve_prefix_waits(&self, d: &mut Draft<'_>) {
+        for slot in 0..d.slots.len() {
+            let Some(s) = &d.slots[slot] else { continue };
+            let Some(pw) = s.tokens.prefix_wait else {
+                continue;
+            };
+            let seq = s.tokens.lease.seq_id;
+            let src = d.slots[pw.source_slot]
+                .as_ref()
+                .map(|s| &s.tokens)
+                .filter(|t| t.request_id == pw.source_request && !t.preempted)
+                .map(|t| (t.lease.seq_id, t.prefill_cursor));
+            let shared = match src {
+                None => None,
+                Some((src, cursor)) if cursor >= pw.len => {
+                    d.op(
+                        KvOp::Share {
+                            src,
+                            dst: seq,
+                            len: pw.len,
+                        },
+                        false,
+                    );
+                    Some(pw.len)
+                }
+                Some(_) => continue,
+            };
+            let t = d.tokens_mut(slot);
+            t.prefix_wait = None;
+            if let Some(n) = shared {
+                t.prefill_cursor = n;
+            }
+            d.plan.prefix_shares.push(PrefixShare { slot, shared });
+        }
+    }
+
+    /// Preempted slots resume, sharing any prefix still resident elsewhere.
+    fn resume_preempted(&self, d: &mut Draft<'_>) {
+        for slot in 0..d.slots.len() {
+            let Some(s) = &d.slots[slot] else { continue };
+            if !s.tokens.preempted {
+                continue;
+            }
+            let seq = s.tokens.lease.seq_id;
+            let mut cursor = 0;
+            if s.cache_prompt {
+                let context = &s.tokens.context;
+                if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq)) {
+                    let n = n.min(context.len().saturating_sub(1));
+                    if n >= self.min_prefix {
+                        d.op(
+                            KvOp::Share {
+                                src,
+                                dst: seq,
+                                len: n,
+                            },
+                            false,
+                        );
+                        cursor = n;
+                    }
+                }
+            }
+            let t = d.tokens_mut(slot);
+            t.preempted = false;
+            t.prefill_cursor = cursor;
+            d.plan.resumes.push(Resume { slot, cursor });
+        }
+    }
+
+    /// Packs the batch, making room first when it does not fit the free
+    /// cells: idle sequences are evicted, then the newest running slot is
+    /// preempted, and a lone request that cannot fit fails.
+    fn plan_batch(&self, d: &mut Draft<'_>, policy: &ReusePolicy, mut short_of_room: bool) {
+        let packing = loop {
+            let packing = {
+                let view: Vec<_> = d
+                    .busy()
+                    .map(|(i, s)| (i, s.phase, s.tokens.as_ref()))
+                    .collect();
+                pack(&view, self.limits, self.rotation as usize)
+            };
+            if packing.spans.is_empty() || packing.kind == PrefillKind::Encode {
+                break packing;
+            }
+            let fits = d.kv.cells_free() >= packing.n_rows() as u32;
+            if fits && !short_of_room {
+                break packing;
+            }
+            let forced = std::mem::take(&mut short_of_room);
+            if !self.make_room(d, policy, &packing) {
+                // Nothing can be freed: a forced replan runs no batch; otherwise
+                // the backend reports what does not fit.
+                if forced {
+                    return;
+                }
+                break packing;
+            }
+        };
+        d.plan.batch = Batch {
+            kind: packing.kind,
+            spans: packing.spans.iter().map(|s| to_span(d, s)).collect(),
+        };
+    }
+
+    /// One room-making decision. Returns false when nothing could be freed.
+    fn make_room(&self, d: &mut Draft<'_>, policy: &ReusePolicy, packing: &Packing) -> bool {
+        if let Some(seq) = d.kv.eviction_victim(&[]) {
+            let snapshot = policy.snapshot_on_evict(d.kv.resident_len(seq));
+            d.op(KvOp::Evict { seq, snapshot }, false);
+            return true;
+        }
+        let holders: Vec<(SlotId, u64)> = d
+            .busy()
+            .filter(|(_, s)| !s.tokens.preempted && d.kv.resident_len(s.tokens.lease.seq_id) > 0)
+            .map(|(i, s)| (i, s.tokens.admission_order))
+            .collect();
+        let planned: Vec<SlotId> = packing.spans.iter().map(|s| s.slot).collect();
+        if holders.len() <= 1 && planned.len() <= 1 {
+            let Some(&slot) = planned.first() else {
+                return false;
+            };
+            let msg = format!(
+                "{} cells are in use and this request needs more",
+                d.kv.cells_used()
+            );
+            d.slots[slot] = None;
+            d.plan.failures.push((slot, EngineError::KvCacheFull(msg)));
+            return true;
+        }
+        let Some(&(victim, _)) = holders.iter().max_by_key(|(_, order)| *order) else {
+            return false;
+        };
+        let seq = d.slots[victim]
+            .as_ref()
+            .map(|s| s.tokens.lease.seq_id)
+            .expect("holder is busy");
+        d.op(KvOp::Truncate { seq, from: 0 }, false);
+        let s = d.slots[victim].as_mut().expect("holder is busy");
+        s.phase = SlotPhase::Prefill;
+        let t = s.tokens.to_mut();
+        t.prefill_cursor = 0;
+        t.preempted = true;
+        t.prefix_wait = None;
+        d.plan.preemptions.push(victim);
+        true
+    }
+}
+
+/// A packed span with its rows' tokens and positions.
+fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
+    let ds = d.slots[s.slot].as_ref().expect("packed slot is busy");
+    let t = ds.tokens.as_ref();
+    let start = t.prefill_cursor;
+    let (kind, tokens, outputs) = if s.decode {
+        (
+            SpanKind::Decode,
+            t.pending.clone(),
+            (0..s.n_tokens).collect(),
+        )
+    } else {
+        let rows = t.context[start..start + s.n_tokens].to_vec();
+        let outputs = if s.output {
+            vec![s.n_tokens - 1]
+        } else {
+            Vec::new()
+        };
+        (SpanKind::Prompt, rows, outputs)
+    };
+    BatchSpan {
+        slot: s.slot,
+        request_id: t.request_id,
+        lease: t.lease,
+        kind,
+        start,
+        tokens,
+        outputs,
+        read: match t.plan.terminal {
+            TerminalAction::SampleTokens => ReadKind::Sample,
+            TerminalAction::ReadEmbedding => ReadKind::Embedding,
+        },
+        logprobs: ds.logprobs,
+    }
+}

@@ -1,0 +1,241 @@
+//! Slots and the state of the request each one serves.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::generation::Generation;
+use super::{RequestId, SlotId};
+use crate::engine::{EventSink, RequestStats};
+use crate::runtime::Token;
+use crate::session::SeqLease;
+
+/// Where a slot is in serving its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum SlotPhase {
+    /// No request.
+    Idle,
+    /// Holds a request and a KV lease; its first prompt chunk is not computed
+    /// yet (it may be waiting for a shared prefix another slot is computing).
+    Admitted,
+    /// Computing its prompt (or recomputing its context after preemption).
+    Prefill,
+    /// Generating: one token per step.
+    Decode,
+    /// Generating, with text held back because it may start a stop string.
+    EmitBuffered,
+}
+
+impl SlotPhase {
+    /// Whether the slot holds a request.
+    pub fn is_busy(self) -> bool {
+        self != SlotPhase::Idle
+    }
+}
+
+/// How a slot's prompt is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum PrefillKind {
+    /// `llama_decode` over the prompt, in chunks.
+    Decode,
+    /// One `llama_encode` pass over the whole input (encoder models).
+    Encode,
+}
+
+/// What happens once the prompt is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TerminalAction {
+    /// Sample tokens until a finish condition.
+    SampleTokens,
+    /// Read the pooled embedding and finish.
+    ReadEmbedding,
+}
+
+/// Decided once, at admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SlotExecutionPlan {
+    /// How the prompt is computed.
+    pub prefill: PrefillKind,
+    /// What follows it.
+    pub terminal: TerminalAction,
+}
+
+/// Per-request counters kept by the slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SlotCounters {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the KV cache.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Steps in which this slot computed prompt tokens.
+    pub prefill_steps: usize,
+    /// Steps in which this slot decoded a token.
+    pub decode_steps: usize,
+    /// Times the slot was preempted for KV space.
+    pub preemptions: usize,
+}
+
+/// Waiting for another slot to compute a prefix this slot then shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixWait {
+    /// The slot computing the prefix.
+    pub source_slot: SlotId,
+    /// Its request (so a reused slot is not mistaken for the source).
+    pub source_request: RequestId,
+    /// Tokens of prefix to share.
+    pub len: usize,
+}
+
+/// The token state of a busy slot, as the planner sees it.
+#[derive(Debug, Clone)]
+pub struct SlotTokens {
+    /// The request.
+    pub request_id: RequestId,
+    /// The execution plan.
+    pub plan: SlotExecutionPlan,
+    /// The KV lease.
+    pub lease: SeqLease,
+    /// Prompt followed by the generated tokens already fed to the model.
+    pub context: Vec<Token>,
+    /// Prompt length.
+    pub prompt_len: usize,
+    /// Tokens of `context` resident in the KV sequence (the prefill cursor).
+    pub prefill_cursor: usize,
+    /// Sampled but not yet fed (in order).
+    pub pending: Vec<Token>,
+    /// Waiting for a shared prefix.
+    pub prefix_wait: Option<PrefixWait>,
+    /// KV dropped for space; recomputed once room frees up.
+    pub preempted: bool,
+    /// Admission order (higher is newer).
+    pub admission_order: u64,
+}
+
+impl SlotTokens {
+    /// Tokens still to compute before sampling (or reading an embedding).
+    pub fn prefill_remaining(&self) -> usize {
+        self.context.len() - self.prefill_cursor
+    }
+
+    /// Cells this slot will still take to finish its prompt.
+    pub fn reserve(&self) -> usize {
+        if self.plan.prefill != PrefillKind::Decode {
+            return 0;
+        }
+        let start = self
+            .prefix_wait
+            .map_or(self.prefill_cursor, |p| p.len.max(self.prefill_cursor));
+        self.context.len().saturating_sub(start)
+    }
+}
+
+/// What a request does once admitted.
+#[derive(Debug)]
+pub enum Task {
+    /// Generates text.
+    Generate(Box<Generation>),
+    /// Computes an embedding.
+    Embed {
+        /// L2-normalize it.
+        normalize: bool,
+    },
+}
+
+/// When things happened to a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Submitted.
+    pub submitted: Instant,
+    /// Took a slot.
+    pub admitted: Instant,
+    /// Its prompt was computed.
+    pub prefill_done: Option<Instant>,
+    /// Its first token was sampled.
+    pub first_token: Option<Instant>,
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A busy slot's request.
+#[derive(Debug)]
+pub struct Running {
+    /// Phase (never `Idle`).
+    pub phase: SlotPhase,
+    /// Token state.
+    pub tokens: SlotTokens,
+    /// Counters.
+    pub counters: SlotCounters,
+    /// What it does.
+    pub task: Task,
+    /// Its event stream.
+    pub sink: EventSink,
+    /// Timestamps.
+    pub timing: Timing,
+    /// Reuse and keep KV.
+    pub cache_prompt: bool,
+    /// Runs alone: nothing else is admitted while it holds its slot.
+    pub repeatable: bool,
+}
+
+impl Running {
+    /// The request's timing and token counts.
+    pub fn stats(&self, now: Instant) -> RequestStats {
+        let t = &self.timing;
+        RequestStats {
+            queue_ms: ms(t.admitted - t.submitted),
+            prompt_tokens: self.tokens.prompt_len,
+            cached_tokens: self.counters.cached_tokens,
+            prefill_ms: t.prefill_done.map_or(0.0, |p| ms(p - t.admitted)),
+            ttft_ms: t.first_token.map_or(0.0, |f| ms(f - t.submitted)),
+            generated_tokens: self.counters.generated_tokens,
+            decode_ms: t.first_token.map_or(0.0, |f| ms(now - f)),
+        }
+    }
+}
+
+/// One slot: idle, or serving one request.
+#[derive(Debug, Default)]
+pub enum Slot {
+    /// Free.
+    #[default]
+    Idle,
+    /// Serving a request.
+    Busy(Box<Running>),
+}
+
+impl Slot {
+    /// The request, when busy.
+    pub fn running(&self) -> Option<&Running> {
+        match self {
+            Slot::Idle => None,
+            Slot::Busy(r) => Some(r),
+        }
+    }
+
+    /// The request, mutably.
+    pub fn running_mut(&mut self) -> Option<&mut Running> {
+        match self {
+            Slot::Idle => None,
+            Slot::Busy(r) => Some(r),
+        }
+    }
+
+    /// The phase.
+    pub fn phase(&self) -> SlotPhase {
+        self.running().map_or(SlotPhase::Idle, |r| r.phase)
+    }
+
+    /// The token state, when busy.
+    pub fn tokens(&self) -> Option<&SlotTokens> {
+        self.running().map(|r| &r.tokens)
+    }
+
+    /// Whether this slot serves `id`.
+    pub fn serves(&self, id: RequestId) -> bool {
+        self.tokens().is_some_and(|t| t.request_id == id)
+    }
+}
