@@ -38,19 +38,6 @@ fn model() -> &'static LlamaModelHandle {
     })
 }
 
-/// Settings with every optional stage neutral and temperature 1: the chain is
-/// `temp(1), dist`, which leaves the distribution exactly as given.
-fn plain() -> SamplingParams {
-    SamplingParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        typical_p: 1.0,
-        ..SamplingParams::default()
-    }
-}
-
 /// The runtime's chain for `params`: its plan and the llama.cpp sampler.
 fn chain(params: &SamplingParams, seed: u32) -> (Vec<ChainStage>, LlamaSampler) {
     params.validate().expect("valid settings");
@@ -101,7 +88,7 @@ fn draws(params: &SamplingParams, logits: &[(i32, f32)], n: usize) -> Vec<i32> {
 #[test]
 fn plain_chain_keeps_every_candidate() {
     let logits = from_weights(&[1.0, 0.5, 0.25, 0.125]);
-    let (plan, mut s) = chain(&plain(), 1);
+    let (plan, mut s) = chain(&SamplingParams::neutral(), 1);
     assert_eq!(
         plan,
         vec![ChainStage::Temperature(1.0), ChainStage::Dist { seed: 1 }]
@@ -120,7 +107,7 @@ fn min_p_keeps_exactly_the_tokens_at_half_the_best() {
     let logits = from_weights(&[1.0, 0.8, 0.6, 0.45, 0.3, 0.1]);
     let p = SamplingParams {
         min_p: 0.5,
-        ..plain()
+        ..SamplingParams::neutral()
     };
     let (plan, mut s) = chain(&p, 7);
     assert!(plan.contains(&ChainStage::MinP {
@@ -129,13 +116,16 @@ fn min_p_keeps_exactly_the_tokens_at_half_the_best() {
     }));
     assert_eq!(kept(&apply(&mut s, &logits)), ids(0..3));
     // Without min-p every candidate stays.
-    assert_eq!(kept(&apply(&mut chain(&plain(), 7).1, &logits)), ids(0..6));
+    assert_eq!(
+        kept(&apply(&mut chain(&SamplingParams::neutral(), 7).1, &logits)),
+        ids(0..6)
+    );
     // And the draws shift: the three tokens below half the best never come
     // out with min-p (a quarter of the mass without it).
     let low = ids(3..6);
     let with = draws(&p, &logits, 400);
     assert!(with.iter().all(|t| !low.contains(t)), "{with:?}");
-    let without = draws(&plain(), &logits, 400);
+    let without = draws(&SamplingParams::neutral(), &logits, 400);
     let n_low = without.iter().filter(|t| low.contains(t)).count();
     assert!(
         n_low > 50,
@@ -154,7 +144,7 @@ fn typical_keeps_the_tokens_nearest_the_entropy_not_the_most_likely() {
     let logits = from_weights(&w);
     let typical = |typical_p| SamplingParams {
         typical_p,
-        ..plain()
+        ..SamplingParams::neutral()
     };
     let (plan, mut s) = chain(&typical(0.15), 3);
     assert!(plan.contains(&ChainStage::Typical {
@@ -168,12 +158,15 @@ fn typical_keeps_the_tokens_nearest_the_entropy_not_the_most_likely() {
         kept(&apply(&mut chain(&typical(0.5), 3).1, &logits)),
         ids(0..2)
     );
-    assert_eq!(kept(&apply(&mut chain(&plain(), 3).1, &logits)), ids(0..42));
+    assert_eq!(
+        kept(&apply(&mut chain(&SamplingParams::neutral(), 3).1, &logits)),
+        ids(0..42)
+    );
     // Every draw is B with typical 0.15; without it A is the most frequent.
     assert!(draws(&typical(0.15), &logits, 200)
         .iter()
         .all(|&t| t == BASE + 1));
-    let without = draws(&plain(), &logits, 400);
+    let without = draws(&SamplingParams::neutral(), &logits, 400);
     let count = |t| without.iter().filter(|&&x| x == t).count();
     assert!(count(BASE) > count(BASE + 1), "{without:?}");
 }
@@ -185,7 +178,7 @@ fn xtc_removes_the_top_choices_but_the_least_likely_of_them() {
     let xtc = |threshold| SamplingParams {
         xtc_probability: 1.0,
         xtc_threshold: threshold,
-        ..plain()
+        ..SamplingParams::neutral()
     };
     let (plan, mut s) = chain(&xtc(0.1), 11);
     assert!(plan.contains(&ChainStage::Xtc {
@@ -208,13 +201,19 @@ fn xtc_removes_the_top_choices_but_the_least_likely_of_them() {
         kept(&apply(&mut chain(&xtc(0.3), 11).1, &logits)),
         ids(0..6)
     );
-    assert_eq!(kept(&apply(&mut chain(&plain(), 11).1, &logits)), ids(0..6));
+    assert_eq!(
+        kept(&apply(
+            &mut chain(&SamplingParams::neutral(), 11).1,
+            &logits
+        )),
+        ids(0..6)
+    );
     // The best two never come out of XTC; without it they are 65% of draws.
     let top = ids(0..2);
     assert!(draws(&xtc(0.1), &logits, 300)
         .iter()
         .all(|t| !top.contains(t)));
-    let without = draws(&plain(), &logits, 300);
+    let without = draws(&SamplingParams::neutral(), &logits, 300);
     assert!(without.iter().filter(|t| top.contains(t)).count() > 150);
 }
 
@@ -257,7 +256,7 @@ fn dry_penalizes_the_token_that_extends_a_repeat_by_multiplier_times_base_power(
         dry_multiplier: 0.8,
         dry_base: 1.75,
         dry_allowed_length: allowed_length,
-        ..plain()
+        ..SamplingParams::neutral()
     };
     for (allowed, penalty) in [(2, 0.8 * 1.75), (3, 0.8), (1, 0.8 * 1.75 * 1.75)] {
         let (plan, arr) = run(&dry(allowed), &history);
@@ -282,7 +281,7 @@ fn dry_penalizes_the_token_that_extends_a_repeat_by_multiplier_times_base_power(
     // A repeat shorter than the allowed length, or no DRY: nothing changes.
     let (_, arr) = run(&dry(4), &history);
     assert_eq!(logit_of(&arr, d), 0.5);
-    let (plan, arr) = run(&plain(), &history);
+    let (plan, arr) = run(&SamplingParams::neutral(), &history);
     assert!(!plan.iter().any(|s| matches!(s, ChainStage::Dry { .. })));
     assert_eq!(logit_of(&arr, d), 0.5);
     // An explicit look-back shorter than the repeat sees no repeat.
@@ -308,7 +307,11 @@ fn dry_penalizes_the_token_that_extends_a_repeat_by_multiplier_times_base_power(
             .count()
     };
     assert!(count_d(&strong) < 10, "{}", count_d(&strong));
-    assert!(count_d(&plain()) > 30, "{}", count_d(&plain()));
+    assert!(
+        count_d(&SamplingParams::neutral()) > 30,
+        "{}",
+        count_d(&SamplingParams::neutral())
+    );
 }
 
 /// Mean surprise (bits) of `n` picks of a chain on `logits`: under the given
@@ -338,7 +341,7 @@ fn mirostat_holds_the_surprise_near_tau() {
     let w: Vec<f64> = (1..=500).map(|i| f64::from(i).powf(-1.2)).collect();
     let logits = from_weights(&w);
     let tau = 3.0f32;
-    let (plain_given, plain_own) = surprises(&plain(), &logits, 2000);
+    let (plain_given, plain_own) = surprises(&SamplingParams::neutral(), &logits, 2000);
     // dist draws from the whole distribution: mean surprise = the entropy.
     assert!((plain_given - 5.70).abs() < 0.3, "dist: {plain_given}");
     assert!((plain_own - plain_given).abs() < 0.01, "{plain_own}");
@@ -347,7 +350,7 @@ fn mirostat_holds_the_surprise_near_tau() {
             mirostat: version,
             mirostat_tau: tau,
             mirostat_eta: 0.1,
-            ..plain()
+            ..SamplingParams::neutral()
         };
         let (plan, _) = chain(&p, 2024);
         let picker = plan.last().expect("never empty");
@@ -384,7 +387,7 @@ fn logit_bias_runs_first_and_bans() {
         }],
         // min-p after the ban is relative to the new best.
         min_p: 0.85,
-        ..plain()
+        ..SamplingParams::neutral()
     };
     let (plan, mut s) = chain(&p, 1);
     assert!(matches!(plan[0], ChainStage::LogitBias(_)), "{plan:?}");

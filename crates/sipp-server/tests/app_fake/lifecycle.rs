@@ -40,6 +40,15 @@ fn loading_app(server: ServerSection, ids: &[&str]) -> (App, Vec<mpsc::Sender<St
     (App::over(state, &server, BTreeMap::new()), senders)
 }
 
+/// A two-token completion from `model`.
+async fn complete(app: &App, model: &str) -> crate::harness::Reply {
+    app.post(
+        "/v1/completions",
+        json!({"model": model, "prompt": "Hi", "max_tokens": 2}),
+    )
+    .await
+}
+
 async fn eventually_status(app: &App, path: &str, status: u16) -> crate::harness::Reply {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -72,12 +81,7 @@ async fn health_is_503_while_loading_then_200_when_ready() {
     gates[0].send("ok".into()).expect("gate");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let r = app
-            .post(
-                "/v1/completions",
-                json!({"model": "first", "prompt": "Hi", "max_tokens": 2}),
-            )
-            .await;
+        let r = complete(&app, "first").await;
         if r.status == 200 {
             break;
         }
@@ -90,12 +94,7 @@ async fn health_is_503_while_loading_then_200_when_ready() {
         (r.status.as_u16(), r.json()),
         (503, json!({"status": "loading"}))
     );
-    let r = app
-        .post(
-            "/v1/completions",
-            json!({"model": "second", "prompt": "Hi", "max_tokens": 2}),
-        )
-        .await;
+    let r = complete(&app, "second").await;
     assert_error(&r, 503, "server_error", Some("model_loading"), None);
     // Both ready.
     gates[1].send("ok".into()).expect("gate");
@@ -104,12 +103,7 @@ async fn health_is_503_while_loading_then_200_when_ready() {
         (r.status.as_u16(), r.json()),
         (200, json!({"status": "ok"}))
     );
-    let r = app
-        .post(
-            "/v1/completions",
-            json!({"model": "second", "prompt": "Hi", "max_tokens": 2}),
-        )
-        .await;
+    let r = complete(&app, "second").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let ids: Vec<String> = app.get("/v1/models").await.json()["data"]
         .as_array()

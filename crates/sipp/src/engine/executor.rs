@@ -12,7 +12,7 @@ use super::request::EngineError;
 use crate::runtime::{Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec};
 use crate::sampling::{SamplerCacheKey, SamplerPool};
 use crate::scheduler::{
-    BatchOutcome, BatchSpan, PrefillKind, ReadKind, Release, SampledToken, SamplerSetup, SlotId,
+    BatchOutcome, BatchSpan, PrefillKind, ReadKind, Release, SampledToken, SamplerSetup,
     SpanOutcome, SpanResult, StepOutput, StepPlan,
 };
 use crate::session::{KvOp, KvSessions};
@@ -254,11 +254,6 @@ impl<B: Backend> Executor<B> {
         if let Some((sampler, Some(key))) = self.samplers[r.slot].take() {
             self.pool.put(key, sampler);
         }
-    }
-
-    /// Which slot holds a sampler (for tests).
-    pub fn has_sampler(&self, slot: SlotId) -> bool {
-        self.samplers[slot].is_some()
     }
 }
 

@@ -445,17 +445,13 @@ fn llama_biases(
     model: &LlamaModelHandle,
     biases: &[LogitBias],
 ) -> Result<Vec<LlamaLogitBias>, SamplingError> {
-    let n_vocab = model.info.n_vocab as i32;
     let mut out = Vec::new();
     for b in biases {
+        // The engine checked this already; an id outside the vocabulary must
+        // never reach llama.cpp, so the same rule guards the call.
+        b.validate(Some(model.info.n_vocab as usize))?;
         match &b.target {
             BiasTarget::Token(t) => {
-                if *t < 0 || *t >= n_vocab {
-                    return Err(SamplingError::Invalid {
-                        field: "logit_bias",
-                        message: format!("token id {t} is outside the vocabulary (0..{n_vocab})"),
-                    });
-                }
                 out.push(LlamaLogitBias::new(LlamaToken(*t), b.bias));
             }
             BiasTarget::Text(s) => {

@@ -284,24 +284,6 @@ mod tests {
     use super::*;
     use crate::sampling::BiasTarget;
 
-    /// Settings with every optional stage at its neutral value.
-    fn neutral() -> SamplingParams {
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            typical_p: 1.0,
-            top_n_sigma: -1.0,
-            repeat_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            dry_multiplier: 0.0,
-            xtc_probability: 0.0,
-            ..SamplingParams::default()
-        }
-    }
-
     fn bias(t: i32, b: f32) -> LogitBias {
         LogitBias {
             target: BiasTarget::Token(t),
@@ -400,7 +382,7 @@ mod tests {
     #[test]
     fn neutral_values_leave_their_stage_out() {
         assert_eq!(
-            sampler_chain(&neutral(), 5),
+            sampler_chain(&SamplingParams::neutral(), 5),
             vec![ChainStage::Temperature(1.0), ChainStage::Dist { seed: 5 }]
         );
         // A look-back of 0 turns penalties and DRY off even with strengths set.
@@ -421,7 +403,7 @@ mod tests {
         );
         // Each stage alone, turned on, is the only one added.
         let one = |edit: fn(&mut SamplingParams)| {
-            let mut p = neutral();
+            let mut p = SamplingParams::neutral();
             edit(&mut p);
             let chain = sampler_chain(&p, 5);
             assert_eq!(chain.len(), 3, "{chain:?}");

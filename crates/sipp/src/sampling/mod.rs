@@ -280,6 +280,25 @@ impl SamplingParams {
         }
     }
 
+    /// Every optional stage at its neutral value and temperature 1: the chain
+    /// draws from the distribution exactly as the model gives it.
+    pub fn neutral() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            typical_p: 1.0,
+            top_n_sigma: -1.0,
+            repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            dry_multiplier: 0.0,
+            xtc_probability: 0.0,
+            ..Self::default()
+        }
+    }
+
     /// Whether the chain picks the most likely token.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 && self.mirostat == 0

@@ -182,13 +182,3 @@ impl Scheduler {
         queued.chain(running).collect()
     }
 }
-
-impl Running {
-    /// Top log-probabilities each sampled token carries.
-    pub fn logprobs(&self) -> Option<usize> {
-        match &self.task {
-            Task::Generate(g) => g.spec.logprobs,
-            Task::Embed { .. } => None,
-        }
-    }
-}

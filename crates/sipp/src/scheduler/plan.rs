@@ -23,6 +23,9 @@ pub struct Admission {
     pub reuse: Reuse,
     /// Prompt tokens reused (the plan's `kv_ops` bring them into place).
     pub reused_tokens: usize,
+    /// Reuse cached KV, and keep this request's KV as a prefix candidate when
+    /// it finishes.
+    pub cache_prompt: bool,
     /// A longer prefix another slot is computing, to share once it is done.
     pub prefix_wait: Option<PrefixWait>,
     /// Admission order.

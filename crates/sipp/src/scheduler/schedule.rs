@@ -67,8 +67,8 @@ impl<'a> Draft<'a> {
         }
     }
 
-    fn op(&mut self, op: KvOp, cache_off: bool) {
-        self.kv.apply(&op, cache_off);
+    fn op(&mut self, op: KvOp) {
+        self.kv.apply(&op);
         self.plan.kv_ops.push(op);
     }
 
@@ -114,11 +114,7 @@ impl Scheduler {
         debug_assert!(
             {
                 let mut replay = kv.mirror().clone();
-                let cache_off = kv.mode() == CacheMode::Off;
-                d.plan
-                    .kv_ops
-                    .iter()
-                    .for_each(|op| replay.apply(op, cache_off));
+                d.plan.kv_ops.iter().for_each(|op| replay.apply(op));
                 replay.same_content(&d.kv)
             },
             "the plan's KV operations do not lead to the state it was made on"
@@ -156,10 +152,12 @@ impl Scheduler {
                 break;
             };
             d.plan.kv_ops.append(&mut acq.ops);
-            let admission = self.admission(q, slot, acq, d.plan.admissions.len());
-            let mut tokens = self.new_tokens(q, &admission);
+            let nth = d.plan.admissions.len();
+            let mut admission = self.admission(q, slot, acq, use_cache, nth);
+            let mut tokens = SlotTokens::admitted(&admission, req.prompt.clone());
             if use_cache && kv.mode() == CacheMode::SharedPrefix {
-                tokens.prefix_wait = self.shared_prefix_in_progress(d, &tokens);
+                admission.prefix_wait = self.shared_prefix_in_progress(d, &tokens);
+                tokens.prefix_wait = admission.prefix_wait;
             }
             d.slots[slot] = Some(DraftSlot {
                 phase: SlotPhase::Admitted,
@@ -168,10 +166,7 @@ impl Scheduler {
                 repeatable: req.repeatable,
                 logprobs: admission.sampler.as_ref().and_then(|s| s.spec.logprobs),
             });
-            d.plan.admissions.push(Admission {
-                prefix_wait: d.slots[slot].as_ref().and_then(|s| s.tokens.prefix_wait),
-                ..admission
-            });
+            d.plan.admissions.push(admission);
         }
     }
 
@@ -180,6 +175,7 @@ impl Scheduler {
         q: &Queued,
         slot: SlotId,
         acq: crate::session::Acquired,
+        cache_prompt: bool,
         nth: usize,
     ) -> Admission {
         let req = &q.req;
@@ -191,6 +187,7 @@ impl Scheduler {
             prompt_tokens: req.prompt.len(),
             reuse: acq.reuse,
             reused_tokens: acq.reused_tokens,
+            cache_prompt,
             prefix_wait: None,
             order: self.admissions + nth as u64 + 1,
             exec: SlotExecutionPlan {
@@ -215,21 +212,6 @@ impl Scheduler {
         }
     }
 
-    fn new_tokens(&self, q: &Queued, a: &Admission) -> SlotTokens {
-        SlotTokens {
-            request_id: q.req.id,
-            plan: a.exec,
-            lease: a.lease,
-            context: q.req.prompt.clone(),
-            prompt_len: q.req.prompt.len(),
-            prefill_cursor: a.reused_tokens,
-            pending: Vec::new(),
-            prefix_wait: None,
-            preempted: false,
-            admission_order: a.order,
-        }
-    }
-
     /// Brings the KV cache to the state of a fresh engine for a repeatable
     /// request: every idle sequence is evicted (snapshotted when snapshots
     /// are on), then llama.cpp's cache is cleared, which also resets where it
@@ -237,12 +219,11 @@ impl Scheduler {
     /// numerics as on a fresh engine (the flash-attention kernel changes its
     /// reduction with the window's size and the cells' places).
     fn clear_all(&self, d: &mut Draft<'_>, kv: &KvSessions) {
-        let cache_off = kv.mode() == CacheMode::Off;
         while let Some(seq) = d.kv.eviction_victim(&[]) {
             let snapshot = kv.policy().snapshot_on_evict(d.kv.resident_len(seq));
-            d.op(KvOp::Evict { seq, snapshot }, cache_off);
+            d.op(KvOp::Evict { seq, snapshot });
         }
-        d.op(KvOp::ClearAll, cache_off);
+        d.op(KvOp::ClearAll);
     }
 
     /// A longer prefix of this prompt that another slot is computing right now;
@@ -289,14 +270,11 @@ impl Scheduler {
             let shared = match src {
                 None => None,
                 Some((src, cursor)) if cursor >= pw.len => {
-                    d.op(
-                        KvOp::Share {
-                            src,
-                            dst: seq,
-                            len: pw.len,
-                        },
-                        false,
-                    );
+                    d.op(KvOp::Share {
+                        src,
+                        dst: seq,
+                        len: pw.len,
+                    });
                     Some(pw.len)
                 }
                 Some(_) => continue,
@@ -324,14 +302,11 @@ impl Scheduler {
                 if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq)) {
                     let n = n.min(context.len().saturating_sub(1));
                     if n >= self.min_prefix {
-                        d.op(
-                            KvOp::Share {
-                                src,
-                                dst: seq,
-                                len: n,
-                            },
-                            false,
-                        );
+                        d.op(KvOp::Share {
+                            src,
+                            dst: seq,
+                            len: n,
+                        });
                         cursor = n;
                     }
                 }
@@ -382,7 +357,7 @@ impl Scheduler {
     fn make_room(&self, d: &mut Draft<'_>, policy: &ReusePolicy, packing: &Packing) -> bool {
         if let Some(seq) = d.kv.eviction_victim(&[]) {
             let snapshot = policy.snapshot_on_evict(d.kv.resident_len(seq));
-            d.op(KvOp::Evict { seq, snapshot }, false);
+            d.op(KvOp::Evict { seq, snapshot });
             return true;
         }
         let holders: Vec<(SlotId, u64)> = d
@@ -410,7 +385,7 @@ impl Scheduler {
             .as_ref()
             .map(|s| s.tokens.lease.seq_id)
             .expect("holder is busy");
-        d.op(KvOp::Truncate { seq, from: 0 }, false);
+        d.op(KvOp::Truncate { seq, from: 0 });
         let s = d.slots[victim].as_mut().expect("holder is busy");
         s.phase = SlotPhase::Prefill;
         let t = s.tokens.to_mut();

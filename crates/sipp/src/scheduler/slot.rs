@@ -5,6 +5,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::generation::Generation;
+use super::plan::Admission;
 use super::{RequestId, SlotId};
 use crate::engine::{EventSink, RequestStats};
 use crate::runtime::Token;
@@ -114,6 +115,22 @@ pub struct SlotTokens {
 }
 
 impl SlotTokens {
+    /// The token state of a request just admitted with `prompt`.
+    pub fn admitted(a: &Admission, prompt: Vec<Token>) -> Self {
+        SlotTokens {
+            request_id: a.request_id,
+            plan: a.exec,
+            lease: a.lease,
+            prompt_len: prompt.len(),
+            context: prompt,
+            prefill_cursor: a.reused_tokens,
+            pending: Vec::new(),
+            prefix_wait: a.prefix_wait,
+            preempted: false,
+            admission_order: a.order,
+        }
+    }
+
     /// Tokens still to compute before sampling (or reading an embedding).
     pub fn prefill_remaining(&self) -> usize {
         self.context.len() - self.prefill_cursor
@@ -182,6 +199,14 @@ pub struct Running {
 }
 
 impl Running {
+    /// Top log-probabilities each sampled token carries.
+    pub fn logprobs(&self) -> Option<usize> {
+        match &self.task {
+            Task::Generate(g) => g.spec.logprobs,
+            Task::Embed { .. } => None,
+        }
+    }
+
     /// The request's timing and token counts.
     pub fn stats(&self, now: Instant) -> RequestStats {
         let t = &self.timing;

@@ -7,7 +7,7 @@ use super::generation::Generation;
 use super::plan::{
     Admission, BatchOutcome, BatchSpan, Release, SpanKind, SpanResult, StepOutput, StepPlan,
 };
-use super::slot::{Running, Slot, SlotCounters, SlotPhase, Task, Timing};
+use super::slot::{Running, Slot, SlotCounters, SlotPhase, SlotTokens, Task, Timing};
 use super::{Emit, Scheduler, SlotId};
 use crate::engine::{Completion, EmbeddingOutput, EngineError, PreparedKind, RequestEvent, Usage};
 use crate::runtime::Pooling;
@@ -92,8 +92,8 @@ impl Scheduler {
     /// A sequence holds fewer tokens than the plan expected: its slot's
     /// cursor moves back to what is there, and the rest is computed.
     fn came_up_short(&mut self, seq: crate::runtime::SeqId, n: usize) {
-        let holder = self.slots.iter_mut().filter_map(Slot::running_mut);
-        if let Some(r) = holder.into_iter().find(|r| r.tokens.lease.seq_id == seq) {
+        let mut running = self.slots.iter_mut().filter_map(Slot::running_mut);
+        if let Some(r) = running.find(|r| r.tokens.lease.seq_id == seq) {
             r.tokens.prefill_cursor = r.tokens.prefill_cursor.min(n);
             r.counters.cached_tokens = r.counters.cached_tokens.min(n);
         }
@@ -107,7 +107,6 @@ impl Scheduler {
         debug_assert_eq!(q.req.id, a.request_id, "admissions follow the queue");
         self.admissions += 1;
         let req = q.req;
-        let reused = a.reused_tokens;
         let prompt_len = req.prompt.len();
         let task = match req.kind {
             PreparedKind::Generate(spec) => Task::Generate(Box::new(Generation::new(spec))),
@@ -115,21 +114,10 @@ impl Scheduler {
         };
         let r = Running {
             phase: SlotPhase::Admitted,
-            tokens: super::slot::SlotTokens {
-                request_id: req.id,
-                plan: a.exec,
-                lease: a.lease,
-                prompt_len,
-                context: req.prompt,
-                prefill_cursor: reused,
-                pending: Vec::new(),
-                prefix_wait: a.prefix_wait,
-                preempted: false,
-                admission_order: a.order,
-            },
+            tokens: SlotTokens::admitted(a, req.prompt),
             counters: SlotCounters {
                 prompt_tokens: prompt_len,
-                cached_tokens: reused,
+                cached_tokens: a.reused_tokens,
                 ..SlotCounters::default()
             },
             task,
@@ -140,7 +128,7 @@ impl Scheduler {
                 prefill_done: None,
                 first_token: None,
             },
-            cache_prompt: req.cache_prompt && !req.repeatable && a.sampler.is_some(),
+            cache_prompt: a.cache_prompt,
             repeatable: req.repeatable,
         };
         let r = Box::new(r);

@@ -56,7 +56,8 @@ pub enum KvOp {
         /// The tokens the plan expects to get back.
         prefix: Vec<Token>,
     },
-    /// Ends a lease; with `keep` the tokens stay as a prefix candidate.
+    /// Ends a lease; with `keep` the tokens stay as a prefix candidate (never
+    /// with the cache off: [`super::KvSessions::apply`] clears `keep` then).
     Release {
         /// The lease.
         lease: SeqLease,
@@ -282,7 +283,7 @@ impl KvMirror {
 
     /// What an operation does to the mirror. A `Restore` is applied with the
     /// tokens actually restored (the plan's `prefix` when planning).
-    pub fn apply(&mut self, op: &KvOp, cache_off: bool) {
+    pub fn apply(&mut self, op: &KvOp) {
         match op {
             KvOp::Evict { seq, .. } => {
                 self.drop_cells(*seq, 0);
@@ -312,7 +313,7 @@ impl KvMirror {
                 self.seqs[*seq as usize].resident = cells;
             }
             KvOp::Release { lease, keep } => {
-                if !keep || cache_off {
+                if !keep {
                     self.drop_cells(lease.seq_id, 0);
                 }
                 self.seqs[lease.seq_id as usize].leased = false;
@@ -330,34 +331,25 @@ mod tests {
     #[test]
     fn shared_cells_are_counted_once_and_freed_with_their_last_holder() {
         let mut m = KvMirror::new(3, 100);
-        m.apply(
-            &KvOp::Lease {
-                seq: 0,
-                context_key: None,
-            },
-            false,
-        );
+        m.apply(&KvOp::Lease {
+            seq: 0,
+            context_key: None,
+        });
         m.record(0, &[1, 2, 3, 4]);
-        m.apply(
-            &KvOp::Share {
-                src: 0,
-                dst: 1,
-                len: 3,
-            },
-            false,
-        );
+        m.apply(&KvOp::Share {
+            src: 0,
+            dst: 1,
+            len: 3,
+        });
         assert_eq!(m.cells_used(), 4);
         assert_eq!(m.freed_by_truncating(0, 0), 1);
-        m.apply(&KvOp::Truncate { seq: 0, from: 0 }, false);
+        m.apply(&KvOp::Truncate { seq: 0, from: 0 });
         assert_eq!(m.cells_used(), 3);
         assert_eq!(m.resident_tokens(1), vec![1, 2, 3]);
-        m.apply(
-            &KvOp::Evict {
-                seq: 1,
-                snapshot: false,
-            },
-            false,
-        );
+        m.apply(&KvOp::Evict {
+            seq: 1,
+            snapshot: false,
+        });
         assert_eq!(m.cells_used(), 0);
     }
 
@@ -365,22 +357,16 @@ mod tests {
     fn a_released_lease_goes_stale_and_the_next_lease_is_predicted() {
         let mut m = KvMirror::new(1, 10);
         let want = m.next_lease(0);
-        m.apply(
-            &KvOp::Lease {
-                seq: 0,
-                context_key: Some("k".into()),
-            },
-            false,
-        );
+        m.apply(&KvOp::Lease {
+            seq: 0,
+            context_key: Some("k".into()),
+        });
         assert!(m.check(want).is_ok());
         m.record(0, &[7]);
-        m.apply(
-            &KvOp::Release {
-                lease: want,
-                keep: true,
-            },
-            false,
-        );
+        m.apply(&KvOp::Release {
+            lease: want,
+            keep: true,
+        });
         assert!(m.check(want).is_err());
         assert_eq!(m.resident_len(0), 1, "kept as a prefix candidate");
         assert_eq!(m.eviction_victim(&[]), Some(0));

@@ -14,6 +14,8 @@ pub use mirror::{KvMirror, KvOp, StaleLease};
 pub use reuse::{plan_acquire, AcquireAsk, Acquired, Reuse, ReusePolicy};
 pub use snapshot::{SnapshotStore, SpillHeader};
 
+use std::borrow::Cow;
+
 use crate::config::{CacheConfig, CacheMode};
 use crate::runtime::{Backend, SeqId, Token};
 
@@ -165,8 +167,8 @@ impl KvSessions {
     /// load, or when the source of a share came up short itself (it was
     /// restored short earlier in the same plan). `None` for other operations.
     pub fn apply<B: Backend>(&mut self, kv: &mut B, op: &KvOp) -> Option<usize> {
-        let cache_off = self.policy.mode == CacheMode::Off;
-        match op {
+        let op = self.in_mode(op);
+        match op.as_ref() {
             KvOp::Evict { seq, snapshot } => {
                 self.save_snapshot(kv, *seq, *snapshot);
                 if self.mirror.resident_len(*seq) > 0 {
@@ -191,26 +193,41 @@ impl KvSessions {
                     dst: *dst,
                     len,
                 };
-                self.mirror.apply(&op, cache_off);
+                self.mirror.apply(&op);
                 return Some(len);
             }
             KvOp::Restore { seq, prefix } => return Some(self.restore(kv, *seq, prefix)),
             KvOp::Release { lease, keep } => {
-                if (!keep || cache_off) && self.mirror.resident_len(lease.seq_id) > 0 {
+                if !keep && self.mirror.resident_len(lease.seq_id) > 0 {
                     kv.kv_truncate(lease.seq_id, 0);
                 }
             }
             KvOp::ClearAll => kv.kv_clear(),
         }
-        self.mirror.apply(op, cache_off);
+        self.mirror.apply(&op);
         None
+    }
+
+    /// The operation as this cache's mode carries it out: with the cache off,
+    /// a release keeps nothing for later requests.
+    fn in_mode<'a>(&self, op: &'a KvOp) -> Cow<'a, KvOp> {
+        match op {
+            KvOp::Release { lease, keep: true } if self.policy.mode == CacheMode::Off => {
+                Cow::Owned(KvOp::Release {
+                    lease: *lease,
+                    keep: false,
+                })
+            }
+            op => Cow::Borrowed(op),
+        }
     }
 
     /// Applies an operation to the mirror alone (scheduler unit tests, which
     /// run without a backend).
     #[cfg(test)]
     pub(crate) fn apply_to_mirror(&mut self, op: &KvOp) {
-        self.mirror.apply(op, self.policy.mode == CacheMode::Off);
+        let op = self.in_mode(op);
+        self.mirror.apply(&op);
     }
 
     fn save_snapshot<B: Backend>(&mut self, kv: &mut B, seq: SeqId, wanted: bool) {
@@ -252,7 +269,7 @@ impl KvSessions {
             seq,
             prefix: tokens[..n].to_vec(),
         };
-        self.mirror.apply(&op, false);
+        self.mirror.apply(&op);
         n
     }
 }

@@ -87,11 +87,11 @@ pub fn plan_acquire(
         seq,
         context_key: ask.context_key.map(str::to_string),
     };
-    kv.apply(&lease_op, false);
+    kv.apply(&lease_op);
     ops.push(lease_op);
     let resident = kv.resident_len(seq);
     let mut push = |kv: &mut KvMirror, op: KvOp| {
-        kv.apply(&op, false);
+        kv.apply(&op);
         ops.push(op);
     };
     let evict = |seq| KvOp::Evict {
@@ -161,7 +161,7 @@ fn choose_fitting(
                 seq: v,
                 snapshot: policy.snapshot_on_evict(kv.resident_len(v)),
             };
-            kv.apply(&op, false);
+            kv.apply(&op);
             ops.push(op);
             continue;
         }
