@@ -6,6 +6,8 @@ export SIPP_CACHE="${SIPP_CACHE:-$HOME/.cache/sipp}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SIPP_CACHE/target}"
 export SIPP_MODEL_DIR="${SIPP_MODEL_DIR:-$SIPP_CACHE/models}"
 export SIPP_VENV="${SIPP_VENV:-$SIPP_CACHE/venv}"
+# An agent framework needs a newer openai package than the tests pin: its own venv.
+export SIPP_AGENTS_VENV="${SIPP_AGENTS_VENV:-$SIPP_CACHE/venv-agents}"
 mkdir -p "$SIPP_CACHE" "$SIPP_MODEL_DIR"
 
 sipp_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
@@ -26,21 +28,28 @@ ensure_system_packages() {
   fi
 }
 
-# A virtual environment with the Python packages tests use.
-ensure_python_packages() {
-  if [ ! -x "$SIPP_VENV/bin/python" ]; then
-    python3 -m venv "$SIPP_VENV"
+# ensure_venv DIR REQUIREMENTS: a virtual environment with these packages,
+# reinstalled only when the requirements file changes.
+ensure_venv() {
+  local dir=$1 req=$2
+  if [ ! -x "$dir/bin/python" ]; then
+    python3 -m venv "$dir"
   fi
-  local req
-  req="$(sipp_root)/scripts/requirements-test.txt"
-  local stamp="$SIPP_VENV/.requirements.sha256"
+  local stamp="$dir/.requirements.sha256"
   local want
   want=$(sha256sum "$req" | cut -d' ' -f1)
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$SIPP_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
     echo "$want" > "$stamp"
   fi
+}
+
+# The virtual environments with the Python packages tests use.
+ensure_python_packages() {
+  ensure_venv "$SIPP_VENV" "$(sipp_root)/scripts/requirements-test.txt"
+  ensure_venv "$SIPP_AGENTS_VENV" "$(sipp_root)/scripts/requirements-agents.txt"
   export SIPP_PYTHON="$SIPP_VENV/bin/python"
+  export SIPP_AGENTS_PYTHON="$SIPP_AGENTS_VENV/bin/python"
 }
 
 build_release() {

@@ -14,7 +14,7 @@ export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="$SIPP_CACHE/fuzz-target"
 cargo fuzz build -O >/dev/null 2>&1 || cargo fuzz build -O
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(request_json stop_matcher utf8_carry gguf_header chat_template)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(request_json stop_matcher utf8_carry gguf_header chat_template tool_parsers)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 status=0

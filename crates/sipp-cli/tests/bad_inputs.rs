@@ -295,13 +295,36 @@ fn catalogue() -> Vec<Case> {
             "messages[0]",
         ),
         case(
-            "tools",
+            "tool_choice naming no tool",
             ch,
             &format!(
-                r#"{{{ok_msgs}, "tools": [{{"type": "function", "function": {{"name": "f"}}}}]}}"#
+                r#"{{{ok_msgs}, "tools": [{{"type": "function", "function": {{"name": "f"}}}}], "tool_choice": {{"type": "function", "function": {{"name": "g"}}}}}}"#
             ),
             400,
-            "tools",
+            "tool_choice",
+        ),
+        case(
+            "tool parameters not an object schema",
+            ch,
+            &format!(
+                r#"{{{ok_msgs}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {{"type": "string"}}}}}}]}}"#
+            ),
+            400,
+            "tools[0].function.parameters",
+        ),
+        case(
+            "tool result answering no call",
+            ch,
+            r#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_9", "content": "r"}]}"#,
+            400,
+            "messages[1].tool_call_id",
+        ),
+        case(
+            "call arguments in history not JSON",
+            ch,
+            r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}"#,
+            400,
+            "messages[1].tool_calls[0].function.arguments",
         ),
         case(
             "too many top_logprobs",

@@ -6,11 +6,13 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, two_model_config, Server};
+use serde_json::{json, Value};
 use sipp::chat::ChatMessage;
 use sipp::client::{
     ChatRequest, ClientError, EmbedRequest, EndpointDescriptor, GatewayAuth, ProviderKind,
-    QueryRequest, RequestOptions, RunEvent, SippClient, Timeouts,
+    QueryRequest, RequestOptions, Response, RunEvent, SippClient, Timeouts,
 };
+use sipp::tools::{Tool, ToolCall, ToolChoice};
 
 fn descriptors(s: &Server) -> Vec<(&'static str, EndpointDescriptor)> {
     vec![
@@ -50,6 +52,98 @@ fn engine_option(o: &mut RequestOptions, id: &str, field: &str, value: bool) {
         (_, "cache_prompt") => o.local.cache_prompt = Some(value),
         _ => panic!("no option {field}"),
     }
+}
+
+fn weather() -> Tool {
+    Tool::function(
+        "get_weather",
+        "The current weather in a city",
+        json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": false
+        }),
+    )
+}
+
+/// A call of `get_weather` whose arguments satisfy its schema.
+fn assert_weather_call(id: &str, c: &ToolCall) {
+    assert_eq!(c.function.name, "get_weather", "{id}: {c:?}");
+    assert!(!c.id.is_empty(), "{id}: {c:?}");
+    let args: Value = serde_json::from_str(&c.function.arguments).expect("arguments are JSON");
+    let o = args.as_object().expect("an object");
+    assert!(o["city"].is_string(), "{id}: {args}");
+    assert!(
+        ["celsius", "fahrenheit"].contains(&o["unit"].as_str().unwrap_or("")),
+        "{id}: {args}"
+    );
+    assert_eq!(o.len(), 2, "{id}: {args}");
+}
+
+/// A forced call, plain and streamed, then the call's result answered: on a
+/// gateway (sipp's own profile) and an OpenAI-compatible provider alike.
+async fn tool_calls_through(client: &SippClient, id: &str) {
+    let ask = ChatRequest::new(vec![ChatMessage::user("What is the weather in Paris?")])
+        .tools(vec![weather()])
+        .tool_choice(ToolChoice::Function("get_weather".into()))
+        .parallel_tool_calls(false)
+        .max_tokens(96)
+        .temperature(0.0);
+    let r: Response = client
+        .chat(id, ask.clone())
+        .await
+        .expect("run")
+        .response()
+        .await
+        .expect("ok");
+    assert_eq!(r.tool_calls.len(), 1, "{id}: {r:?}");
+    assert_weather_call(id, &r.tool_calls[0]);
+    assert_eq!(r.finish_reason, "tool_calls", "{id}: {r:?}");
+
+    let mut run = client.chat(id, ask.stream()).await.expect("run");
+    let mut calls: Vec<ToolCall> = Vec::new();
+    let done = loop {
+        match run.next().await.expect("event") {
+            RunEvent::ToolCallStart { index, id, name } => {
+                assert_eq!(index, calls.len());
+                calls.push(ToolCall::new(id, name, ""));
+            }
+            RunEvent::ToolCallArguments { index, fragment } => {
+                calls[index].function.arguments.push_str(&fragment)
+            }
+            RunEvent::Done(r) => break r,
+            RunEvent::Error(e) => panic!("{id}: {e}"),
+            RunEvent::Delta(_) | RunEvent::Reasoning(_) => {}
+        }
+    };
+    assert_eq!(calls, done.tool_calls, "{id}");
+    assert_eq!(done.tool_calls.len(), 1, "{id}: {done:?}");
+    assert_weather_call(id, &done.tool_calls[0]);
+    assert_eq!(done.finish_reason, "tool_calls", "{id}");
+
+    let call = r.tool_calls[0].clone();
+    let turn = ChatRequest::new(vec![
+        ChatMessage::user("What is the weather in Paris?"),
+        ChatMessage::tool_calls(None, vec![call.clone()]),
+        ChatMessage::tool_result(call.id, r#"{"temperature": 18, "sky": "clear"}"#),
+    ])
+    .tools(vec![weather()])
+    .tool_choice(ToolChoice::None)
+    .max_tokens(24)
+    .temperature(0.0);
+    let answer = client
+        .chat(id, turn)
+        .await
+        .expect("run")
+        .response()
+        .await
+        .expect("ok");
+    assert!(answer.tool_calls.is_empty(), "{id}: {answer:?}");
+    assert!(!answer.text.trim().is_empty(), "{id}: {answer:?}");
 }
 
 #[test]
@@ -107,6 +201,7 @@ fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
                     RunEvent::Delta(d) => text.push_str(&d),
                     RunEvent::Done(r) => break r,
                     RunEvent::Error(e) => panic!("{id}: {e}"),
+                    other => panic!("{id}: no tools, no reasoning: {other:?}"),
                 }
             };
             assert_eq!(text, done.text, "{id}");
@@ -121,6 +216,9 @@ fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
                 "{id}: {err}"
             );
             assert!(err.to_string().contains("context"), "{id}: {err}");
+        }
+        for id in ["gateway", "compat"] {
+            tool_calls_through(&client, id).await;
         }
         // Gateway stats come from the server.
         let r = client
@@ -175,6 +273,7 @@ fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
                     }
                     RunEvent::Done(r) => break r,
                     RunEvent::Error(e) => panic!("{id}: {e}"),
+                    other => panic!("{id}: no tools, no reasoning: {other:?}"),
                 }
             };
             assert_eq!(done.finish_reason, "cancelled", "{id}");

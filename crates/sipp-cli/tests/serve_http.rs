@@ -440,13 +440,21 @@ fn api_keys_guard_everything_but_health() {
         .send()
         .expect("r");
     assert_eq!(wrong.status(), 401);
+    // Anthropic's header carries the key too; a wrong one is refused.
     let wrong_header = c
+        .post(s.url("/v1/completions"))
+        .header("x-api-key", "sk-test-124")
+        .json(&body)
+        .send()
+        .expect("r");
+    assert_eq!(wrong_header.status(), 401);
+    let x_api_key = c
         .post(s.url("/v1/completions"))
         .header("x-api-key", "sk-test-123")
         .json(&body)
         .send()
         .expect("r");
-    assert_eq!(wrong_header.status(), 401);
+    assert_eq!(x_api_key.status(), 200);
     let ok = c
         .post(s.url("/v1/completions"))
         .bearer_auth("sk-test-123")

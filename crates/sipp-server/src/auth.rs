@@ -27,9 +27,11 @@ pub fn key_matches(presented: &str, digests: &[[u8; 32]]) -> bool {
     ok.into()
 }
 
-/// Rejects requests without a valid `Authorization: Bearer <key>` when keys
-/// are configured. /health stays open unless configured otherwise; CORS
-/// preflights pass.
+/// Rejects requests without a valid key when keys are configured: either
+/// `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header);
+/// when both come, either may hold the key. /health stays open unless
+/// configured otherwise; CORS preflights pass. Refusals on the Anthropic
+/// routes (`/v1/messages...`) are in Anthropic's error shape.
 pub async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if state.api_key_digests.is_empty() || req.method() == Method::OPTIONS {
         return next.run(req).await;
@@ -37,30 +39,52 @@ pub async fn require_key(State(state): State<AppState>, req: Request, next: Next
     if req.uri().path() == "/health" && !state.protect_health {
         return next.run(req).await;
     }
-    let header = req
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let refuse = |message: &str| {
+        let e = ApiError::unauthorized(message);
+        if anthropic {
+            crate::routes::anthropic::AnthropicError(e).into_response()
+        } else {
+            e.into_response()
+        }
+    };
+    let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let presented = match header {
-        None => {
-            return ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`")
-                .into_response()
+    let mut presented: Vec<&str> = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .into_iter()
+        .collect();
+    match bearer {
+        None if presented.is_empty() => {
+            return refuse(
+                "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+            )
         }
+        None => {}
         Some(h) => match h
             .strip_prefix("Bearer ")
             .or_else(|| h.strip_prefix("bearer "))
         {
-            Some(k) => k.trim(),
-            None => {
-                return ApiError::unauthorized("the Authorization header must be `Bearer <key>`")
-                    .into_response()
+            Some(k) => presented.push(k.trim()),
+            None if presented.is_empty() => {
+                return refuse("the Authorization header must be `Bearer <key>`")
             }
+            None => {}
         },
-    };
-    if key_matches(presented, &state.api_key_digests) {
+    }
+    // Every presented key is checked, matched or not.
+    let ok = presented
+        .iter()
+        .fold(false, |ok, k| key_matches(k, &state.api_key_digests) | ok);
+    if ok {
         next.run(req).await
     } else {
-        ApiError::unauthorized("invalid API key").into_response()
+        refuse("invalid API key")
     }
 }
 

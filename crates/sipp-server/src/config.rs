@@ -35,6 +35,9 @@ pub struct ServerSection {
     /// Seconds in-flight requests get to finish at shutdown before they are
     /// cancelled. Default 10.
     pub shutdown_grace_secs: u64,
+    /// Responses kept in memory for `GET /v1/responses/{id}` and
+    /// `previous_response_id`, oldest evicted first; 0 keeps none. Default 1000.
+    pub responses_store: usize,
 }
 
 impl Default for ServerSection {
@@ -47,6 +50,7 @@ impl Default for ServerSection {
             cors_origins: Vec::new(),
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace_secs: 10,
+            responses_store: crate::routes::responses::DEFAULT_STORED_RESPONSES,
         }
     }
 }

@@ -186,6 +186,14 @@ impl From<EngineError> for ApiError {
                 ..Self::bad_request(message)
             },
             EngineError::Tokenize(_) => Self::bad_request(message),
+            EngineError::Tool(t) => Self {
+                param: Some(t.field.clone()),
+                ..Self::bad_request(message)
+            },
+            EngineError::Chat(ChatError::Field { field, .. }) => Self {
+                param: Some(field.clone()),
+                ..Self::bad_request(message)
+            },
             EngineError::Chat(ChatError::NoMessages) => Self {
                 param: Some("messages".into()),
                 ..Self::bad_request(message)

@@ -31,6 +31,19 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
             post(routes::openai::chat_completions),
         )
         .route("/v1/embeddings", post(routes::openai::embeddings))
+        .route(
+            "/v1/messages",
+            post(routes::anthropic::messages).fallback(routes::anthropic::method_not_allowed),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(routes::anthropic::count_tokens).fallback(routes::anthropic::method_not_allowed),
+        )
+        .route("/v1/responses", post(routes::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(routes::responses::retrieve).delete(routes::responses::delete),
+        )
         .route("/v1/models", get(routes::ops::models))
         .route("/v1/query", post(routes::native::query))
         .route("/v1/chat", post(routes::native::chat))

@@ -49,6 +49,7 @@ pub struct AppState {
     pub(crate) protect_health: bool,
     pub(crate) max_body_bytes: usize,
     pub(crate) metrics: Arc<ServerMetrics>,
+    pub(crate) responses: Arc<crate::routes::responses::ResponseStore>,
     pub(crate) created: u64,
 }
 
@@ -107,6 +108,9 @@ impl AppState {
             protect_health: config.server.protect_health,
             max_body_bytes: config.server.max_body_bytes,
             metrics: Arc::new(metrics),
+            responses: Arc::new(crate::routes::responses::ResponseStore::new(
+                config.server.responses_store,
+            )),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -31,6 +31,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.usage.completion_tokens, r.finish_reason
             ),
             RunEvent::Error(e) => return Err(e.into()),
+            // Reasoning and tool-call pieces (this chat has no tools).
+            _ => {}
         }
     }
     Ok(())

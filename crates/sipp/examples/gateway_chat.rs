@@ -44,6 +44,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             RunEvent::Done(r) => println!("\n[{}]", r.finish_reason),
             RunEvent::Error(e) => return Err(e.into()),
+            // Reasoning and tool-call pieces (this chat has no tools).
+            _ => {}
         }
     }
     Ok(())

@@ -17,7 +17,8 @@
 //! [`scheduler::Scheduler::update`] applies it and returns the events to send.
 //!
 //! Around them: [`client`] (one API over local engines, sipp gateways and
-//! providers), [`chat`] (messages and templates), [`protocol`] (wire types), and
+//! providers), [`chat`] (messages and templates), [`tools`] (tool calls and
+//! reasoning: formats, grammars, parsers), [`protocol`] (wire types), and
 //! [`models`] (named models and fetching).
 
 #![warn(missing_docs)]
@@ -33,6 +34,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod session;
 pub mod text;
+pub mod tools;
 
 pub use config::NativeRuntimeConfig;
 pub use engine::{

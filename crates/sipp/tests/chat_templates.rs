@@ -3,12 +3,21 @@
 //! `scripts/chat_golden.py`, which renders each fixture with transformers' own
 //! `render_jinja_template` (the code behind `apply_chat_template`); the last
 //! test re-runs that script to show the file is current.
+//!
+//! A case without `tools` is rendered as it is ([`ChatTemplate::render`]). A
+//! case with `tools` is a chat turn as the OpenAI endpoint prepares it
+//! (`RequestPreparer::render_turn`): templates that render tools get the tools,
+//! calls and tool results as they are; the others get the documented fallback
+//! ([`format::fallback_messages`]), which the script re-implements on its own.
+//! Each template's path is pinned in cases.json, on both sides.
 
 mod common;
 
 use std::path::PathBuf;
 
-use sipp::chat::{ChatError, ChatMessage, ChatTemplate};
+use sipp::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
+use sipp::engine::TemplateCaps;
+use sipp::tools::{format, Tool, ToolSpec};
 
 fn fixtures() -> PathBuf {
     common::manifest_dir().join("tests/fixtures/chat")
@@ -19,12 +28,57 @@ fn load(name: &str) -> serde_json::Value {
         .expect("json")
 }
 
+/// One chat turn rendered as `RequestPreparer::render_turn` renders it, with
+/// the case's `add_generation_prompt`.
+fn render_turn(
+    template: &ChatTemplate,
+    caps: TemplateCaps,
+    messages: &[ChatMessage],
+    spec: &ToolSpec,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    add_generation_prompt: bool,
+) -> Result<String, ChatError> {
+    spec.validate().expect("valid tools");
+    format::check_history(messages).expect("valid tool history");
+    let shown: &[Tool] = if spec.may_call() { &spec.tools } else { &[] };
+    if caps.native_tools {
+        template.render_with(
+            messages,
+            &RenderOptions {
+                add_generation_prompt,
+                tools: (!shown.is_empty()).then_some(shown),
+                kwargs,
+            },
+        )
+    } else {
+        let messages = format::fallback_messages(
+            messages,
+            shown,
+            caps.format,
+            spec.parallel,
+            caps.system_role,
+        )
+        .expect("fallback");
+        template.render_with(
+            &messages,
+            &RenderOptions {
+                add_generation_prompt,
+                tools: None,
+                kwargs,
+            },
+        )
+    }
+}
+
 #[test]
 fn every_template_matches_transformers() {
     let spec = load("cases.json");
     let expected = load("expected.json");
+    let templates = spec["templates"].as_object().expect("templates");
+    let cases = spec["cases"].as_object().expect("cases");
     let mut checked = 0;
-    for (name, t) in spec["templates"].as_object().expect("templates") {
+    let mut with_tools = 0;
+    for (name, t) in templates {
         let source = std::fs::read_to_string(fixtures().join(t["file"].as_str().expect("file")))
             .expect("template");
         let template = ChatTemplate::new(
@@ -33,16 +87,55 @@ fn every_template_matches_transformers() {
             t["eos_token"].as_str().expect("eos"),
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-        for (case, c) in spec["cases"].as_object().expect("cases") {
+        // The path tool cases take, as the engine decides it.
+        let caps = TemplateCaps::of(&template);
+        assert_eq!(
+            (
+                if caps.native_tools {
+                    "native"
+                } else {
+                    "fallback"
+                },
+                caps.format.as_str(),
+                caps.system_role
+            ),
+            (
+                t["tools_path"].as_str().expect("tools_path"),
+                t["tool_format"].as_str().expect("tool_format"),
+                t["system_role"].as_bool().expect("system_role")
+            ),
+            "{name}: (tools_path, tool_format, system_role)"
+        );
+        for (case, c) in cases {
             let messages: Vec<ChatMessage> =
                 serde_json::from_value(c["messages"].clone()).expect("messages");
             let add = c["add_generation_prompt"].as_bool().expect("bool");
+            let got = match c.get("tools") {
+                None => template.render(&messages, add),
+                Some(names) => {
+                    let tools = names
+                        .as_array()
+                        .expect("tool names")
+                        .iter()
+                        .map(|n| {
+                            let def = &spec["tool_definitions"][n.as_str().expect("tool name")];
+                            serde_json::from_value::<Tool>(def.clone()).expect("tool")
+                        })
+                        .collect();
+                    let kwargs = c.get("kwargs").map(|k| k.as_object().expect("kwargs"));
+                    with_tools += 1;
+                    render_turn(
+                        &template,
+                        caps,
+                        &messages,
+                        &ToolSpec::auto(tools),
+                        kwargs,
+                        add,
+                    )
+                }
+            };
             let want = &expected[name][case];
-            match (
-                template.render(&messages, add),
-                want.get("ok"),
-                want.get("error"),
-            ) {
+            match (got, want.get("ok"), want.get("error")) {
                 (Ok(text), Some(ok), _) => {
                     assert_eq!(text, ok.as_str().expect("text"), "{name}/{case}")
                 }
@@ -54,7 +147,9 @@ fn every_template_matches_transformers() {
             checked += 1;
         }
     }
-    assert!(checked >= 20, "{checked} renderings checked");
+    // 7 templates (Qwen 2.5, Qwen 3, Llama 3.1, Mistral, Gemma 1/2, Gemma 3,
+    // SmolLM2) times 14 cases, 9 of them with tools.
+    assert_eq!((checked, with_tools), (98, 63), "renderings checked");
 }
 
 #[test]

@@ -6,8 +6,9 @@ use serde_json::{json, Value};
 use sipp::chat::ChatMessage;
 use sipp::client::{
     ChatRequest, ClientError, EmbedRequest, EndpointDescriptor, ProviderKind, QueryRequest,
-    RunEvent, SippClient, Timeouts,
+    Response, Run, RunEvent, SippClient, Timeouts,
 };
+use sipp::tools::{Tool, ToolCall, ToolChoice};
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
@@ -32,6 +33,44 @@ fn sse_body(events: &[(&str, Value)]) -> String {
         s.push_str(&format!("data: {v}\n\n"));
     }
     s
+}
+
+fn weather() -> Tool {
+    Tool::function(
+        "get_weather",
+        "The weather in a city",
+        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    )
+}
+
+/// The streamed events of a run (everything but its end) and its answer.
+async fn drain(mut run: Run) -> (Vec<RunEvent>, Response) {
+    let mut events = Vec::new();
+    loop {
+        match run.next().await.expect("event") {
+            RunEvent::Done(r) => return (events, r),
+            RunEvent::Error(e) => panic!("{e}"),
+            other => events.push(other),
+        }
+    }
+}
+
+/// The answer's calls, rebuilt from streamed events.
+fn calls_of(events: &[RunEvent]) -> Vec<ToolCall> {
+    let mut calls: Vec<ToolCall> = Vec::new();
+    for e in events {
+        match e {
+            RunEvent::ToolCallStart { index, id, name } => {
+                assert_eq!(*index, calls.len(), "calls start in order");
+                calls.push(ToolCall::new(id.clone(), name.clone(), ""));
+            }
+            RunEvent::ToolCallArguments { index, fragment } => {
+                calls[*index].function.arguments.push_str(fragment)
+            }
+            _ => {}
+        }
+    }
+    calls
 }
 
 fn messages() -> Vec<ChatMessage> {
@@ -135,6 +174,7 @@ async fn openai_chat_completions_embeddings_and_streaming() {
             RunEvent::Delta(d) => deltas.push(d),
             RunEvent::Done(r) => break r,
             RunEvent::Error(e) => panic!("{e}"),
+            other => panic!("no tools, no reasoning: {other:?}"),
         }
     };
     assert_eq!(deltas, vec![" upon", " a", " time"]);
@@ -299,6 +339,7 @@ async fn anthropic_messages_streaming_and_unsupported_operations() {
             RunEvent::Delta(d) => text.push_str(&d),
             RunEvent::Done(r) => break r,
             RunEvent::Error(e) => panic!("{e}"),
+            other => panic!("no tools, no reasoning: {other:?}"),
         }
     };
     assert_eq!(
@@ -429,6 +470,15 @@ async fn validation_happens_before_anything_is_sent() {
             local_only(|r| r.options.provider.user = Some("u".into())),
             "provider options",
         ),
+        // Calls are constrained by their own grammar on a sipp engine.
+        (
+            "gw",
+            local_only(|r| {
+                r.tools = vec![weather()];
+                r.options.local.json_mode = true;
+            }),
+            "tools",
+        ),
     ];
     for (ep, req, needle) in cases {
         let err = client.chat(ep, req).await.expect_err("rejected");
@@ -510,4 +560,323 @@ async fn validation_happens_before_anything_is_sent() {
         .contains("gateway"));
     client.close("pv").expect("close");
     assert_eq!(client.endpoint_ids(), vec!["gw".to_string()]);
+}
+
+/// A conversation that called tools and has their results: an assistant
+/// message with two calls, and a result for each.
+fn history() -> Vec<ChatMessage> {
+    let mut answered = ChatMessage::tool_calls(
+        Some("Checking.".into()),
+        vec![
+            ToolCall::new("call_a", "get_weather", r#"{"city":"Paris"}"#),
+            ToolCall::new("call_b", "get_weather", r#"{"city":"Rome"}"#),
+        ],
+    );
+    answered.reasoning_content = Some("Two cities.".into());
+    vec![
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Weather in Paris and Rome?"),
+        answered,
+        ChatMessage::tool_result("call_a", "18C"),
+        ChatMessage::tool_result("call_b", "21C"),
+    ]
+}
+
+#[tokio::test]
+async fn openai_tools_are_sent_and_calls_come_back() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(body_partial_json(json!({
+            "stream": false,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false,
+        })))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "test-model",
+            "choices": [{"index": 0, "message": {
+                "role": "assistant", "content": null, "reasoning_content": "Paris it is.",
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]
+            }, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}
+        })))
+        .mount(&server)
+        .await;
+    // Streamed, from an OpenAI-compatible server that names the reason
+    // `stop` (some do): calls by index, the id and name first, the
+    // arguments in pieces; two calls.
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(body_partial_json(json!({"stream": true})))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "text/event-stream")
+                .set_body_string(
+                    sse_body(&[
+                        ("", json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null}]})),
+                        ("", json!({"choices": [{"index": 0, "delta": {"reasoning_content": "Both."}, "finish_reason": null}]})),
+                        ("", json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_p", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}, "finish_reason": null}]})),
+                        ("", json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}, "finish_reason": null}]})),
+                        ("", json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}, "finish_reason": null}]})),
+                        ("", json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "id": "call_r", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}}]}, "finish_reason": null}]})),
+                        ("", json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
+                        ("", json!({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 30, "total_tokens": 50}})),
+                    ]) + "data: [DONE]\n\n",
+                ),
+        )
+        .mount(&server)
+        .await;
+    let client = SippClient::new();
+    let ep = client
+        .add(
+            "oa",
+            provider(
+                ProviderKind::OpenAi,
+                &format!("{}/v1", server.uri()),
+                Some("sk-test"),
+            ),
+        )
+        .await
+        .expect("add");
+
+    let req = ChatRequest::new(vec![ChatMessage::user("Weather in Paris?")])
+        .tools(vec![weather()])
+        .tool_choice(ToolChoice::Function("get_weather".into()))
+        .parallel_tool_calls(false);
+    let r = ep
+        .chat(req)
+        .await
+        .expect("run")
+        .response()
+        .await
+        .expect("ok");
+    assert_eq!(
+        r.tool_calls,
+        vec![ToolCall::new(
+            "call_1",
+            "get_weather",
+            r#"{"city":"Paris"}"#
+        )]
+    );
+    assert_eq!(
+        (
+            r.text.as_str(),
+            r.finish_reason.as_str(),
+            r.reasoning.as_deref()
+        ),
+        ("", "tool_calls", Some("Paris it is."))
+    );
+    let sent: Value = server.received_requests().await.expect("recorded")[0]
+        .body_json()
+        .expect("json");
+    assert_eq!(sent["tools"], json!([weather()]), "tools in OpenAI's shape");
+
+    // Streamed, with the results of earlier calls in the history.
+    let req = ChatRequest::new(history()).tools(vec![weather()]).stream();
+    let (events, done) = drain(ep.chat(req).await.expect("run")).await;
+    assert_eq!(events[0], RunEvent::Reasoning("Both.".into()));
+    assert_eq!(
+        events[1],
+        RunEvent::ToolCallStart {
+            index: 0,
+            id: "call_p".into(),
+            name: "get_weather".into()
+        }
+    );
+    let calls = vec![
+        ToolCall::new("call_p", "get_weather", r#"{"city":"Paris"}"#),
+        ToolCall::new("call_r", "get_weather", r#"{"city":"Rome"}"#),
+    ];
+    assert_eq!(calls_of(&events), calls);
+    assert_eq!(done.tool_calls, calls);
+    assert_eq!(done.finish_reason, "tool_calls", "an answer that called");
+    assert_eq!(done.reasoning.as_deref(), Some("Both."));
+    assert_eq!(done.usage.completion_tokens, 30);
+    let sent: Value = server.received_requests().await.expect("recorded")[1]
+        .body_json()
+        .expect("json");
+    assert!(
+        sent.get("tool_choice").is_none() && sent.get("parallel_tool_calls").is_none(),
+        "unset fields are the provider's defaults: {sent}"
+    );
+    assert_eq!(
+        sent["messages"][2],
+        json!({"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}},
+        ]}),
+        "calls as OpenAI's history carries them, without the reasoning"
+    );
+    assert_eq!(
+        sent["messages"][4],
+        json!({"role": "tool", "content": "21C", "tool_call_id": "call_b"})
+    );
+}
+
+#[tokio::test]
+async fn anthropic_tools_history_calls_and_thinking() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .and(body_partial_json(json!({"stream": false})))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "test-model",
+            "content": [
+                {"type": "thinking", "thinking": "Need the weather.", "signature": "sig"},
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+            ],
+            "stop_reason": "tool_use", "stop_sequence": null,
+            "usage": {"input_tokens": 30, "output_tokens": 12}
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .and(body_partial_json(json!({"stream": true})))
+        .respond_with(
+            ResponseTemplate::new(200).insert_header("content-type", "text/event-stream").set_body_string(sse_body(&[
+                ("message_start", json!({"type": "message_start", "message": {"id": "msg_2", "usage": {"input_tokens": 30, "output_tokens": 1}}})),
+                ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Think."}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}})),
+                ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                ("content_block_start", json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Checking"}})),
+                ("content_block_stop", json!({"type": "content_block_stop", "index": 1})),
+                ("content_block_start", json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": ""}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"Pa"}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "ris\"}"}})),
+                ("content_block_stop", json!({"type": "content_block_stop", "index": 2})),
+                // A tool without arguments: no input_json_delta at all.
+                ("content_block_start", json!({"type": "content_block_start", "index": 3, "content_block": {"type": "tool_use", "id": "toolu_3", "name": "get_time", "input": {}}})),
+                ("content_block_stop", json!({"type": "content_block_stop", "index": 3})),
+                ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 40}})),
+                ("message_stop", json!({"type": "message_stop"})),
+            ])),
+        )
+        .mount(&server)
+        .await;
+    let client = SippClient::new();
+    let ep = client
+        .add(
+            "an",
+            provider(ProviderKind::Anthropic, &server.uri(), Some("ak-test")),
+        )
+        .await
+        .expect("add");
+    let time = Tool::function(
+        "get_time",
+        "The time",
+        json!({"type": "object", "properties": {}}),
+    );
+
+    // The history's calls and results, in Anthropic's blocks.
+    let req = ChatRequest::new(history())
+        .tools(vec![weather(), time.clone()])
+        .tool_choice(ToolChoice::Function("get_weather".into()))
+        .parallel_tool_calls(false);
+    let r = ep
+        .chat(req)
+        .await
+        .expect("run")
+        .response()
+        .await
+        .expect("ok");
+    assert_eq!(
+        r.tool_calls,
+        vec![ToolCall::new(
+            "toolu_1",
+            "get_weather",
+            r#"{"city":"Paris"}"#
+        )]
+    );
+    assert_eq!(
+        (
+            r.text.as_str(),
+            r.finish_reason.as_str(),
+            r.reasoning.as_deref()
+        ),
+        ("Let me check.", "tool_calls", Some("Need the weather."))
+    );
+    let sent: Value = server.received_requests().await.expect("recorded")[0]
+        .body_json()
+        .expect("json");
+    assert_eq!(
+        sent["tools"][0],
+        json!({"name": "get_weather", "description": "The weather in a city", "input_schema": weather().function.parameters})
+    );
+    assert_eq!(
+        sent["tool_choice"],
+        json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true})
+    );
+    assert_eq!(sent["system"], "Be brief.");
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "call_b", "name": "get_weather", "input": {"city": "Rome"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "call_a", "content": "18C"},
+                {"type": "tool_result", "tool_use_id": "call_b", "content": "21C"},
+            ]},
+        ])
+    );
+
+    // Streamed: thinking, text, a call in pieces, a call without arguments.
+    let req = ChatRequest::new(vec![ChatMessage::user("Weather and time?")])
+        .tools(vec![weather(), time])
+        .tool_choice(ToolChoice::Required)
+        .stream();
+    let (events, done) = drain(ep.chat(req).await.expect("run")).await;
+    assert_eq!(
+        events[..3],
+        [
+            RunEvent::Reasoning("Think.".into()),
+            RunEvent::Delta("Checking".into()),
+            RunEvent::ToolCallStart {
+                index: 0,
+                id: "toolu_2".into(),
+                name: "get_weather".into()
+            },
+        ]
+    );
+    let calls = calls_of(&events);
+    assert_eq!(calls[0].function.arguments, r#"{"city": "Paris"}"#);
+    assert_eq!(calls[1].function.name, "get_time");
+    assert_eq!(done.tool_calls[0], calls[0]);
+    assert_eq!(
+        done.tool_calls[1],
+        ToolCall::new("toolu_3", "get_time", "{}"),
+        "no arguments is an empty object"
+    );
+    assert_eq!(
+        (
+            done.text.as_str(),
+            done.finish_reason.as_str(),
+            done.reasoning.as_deref()
+        ),
+        ("Checking", "tool_calls", Some("Think."))
+    );
+    let sent: Value = server.received_requests().await.expect("recorded")[1]
+        .body_json()
+        .expect("json");
+    assert_eq!(sent["tool_choice"], json!({"type": "any"}));
+
+    // A tool result must name its call.
+    let mut orphan = ChatMessage::tool_result("x", "18C");
+    orphan.tool_call_id = None;
+    let err = ep
+        .chat(ChatRequest::new(vec![ChatMessage::user("Hi"), orphan]))
+        .await
+        .expect_err("no call id");
+    assert!(
+        matches!(err, ClientError::Invalid { .. }) && err.to_string().contains("tool_call_id"),
+        "{err}"
+    );
 }

@@ -418,3 +418,42 @@ fn chat_without_a_template_is_rejected_and_plain_prompts_still_work() {
         .blocking_completion()
         .is_ok());
 }
+
+/// A reasoning budget forces the block's close through the executor: at the
+/// budget, the next tokens are the close's, whatever the model would have
+/// picked, and generation goes on after them.
+#[test]
+fn a_reasoning_budget_closes_the_block_at_its_token_count() {
+    let e = engine(2, CacheMode::SharedPrefix, FakeConfig::default());
+    let free = e
+        .generate(greedy("Think about it.", 8))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes");
+    let budgeted = e
+        .generate(GenerateRequest {
+            reasoning_budget: Some(sipp::engine::ReasoningBudgetRequest {
+                max_tokens: 3,
+                close: "xy".into(),
+                starts_inside: true,
+            }),
+            ..greedy("Think about it.", 8)
+        })
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes");
+    let vocab = e.vocab();
+    let close = vocab.tokenize("xy", false, true).expect("tokenize");
+    assert_eq!(budgeted.tokens.len(), 8);
+    assert_eq!(
+        budgeted.tokens[..3],
+        free.tokens[..3],
+        "free until the budget"
+    );
+    assert_eq!(budgeted.tokens[3..3 + close.len()], close[..]);
+    assert_ne!(
+        free.tokens[3..3 + close.len()],
+        close[..],
+        "the close was forced"
+    );
+}

@@ -31,6 +31,9 @@ pub enum Workload {
     MultiTurn,
     /// The same prompts unconstrained and under a JSON schema: decode speed of each.
     Constrained,
+    /// The same chats unconstrained and as forced tool calls (the call's
+    /// grammar and the function's schema): decode speed of each (local only).
+    Tools,
     /// C x R embedding inputs one by one, then from C concurrent clients.
     Embed,
 }
@@ -788,6 +791,109 @@ fn constrained_workload(
     Ok(out)
 }
 
+/// Forced tool calls against free text on the same chats: the call grammar's
+/// cost per decoded token. The function takes the constrained workload's
+/// schema, so calls are long enough to measure.
+fn tools_workload(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+    args: &BenchArgs,
+) -> Result<Outcome, CliError> {
+    use sipp::chat::ChatMessage;
+    use sipp::tools::turn::ChatTurn;
+    use sipp::tools::{Tool, ToolChoice, ToolSpec};
+    let Target::Local(engine) = target else {
+        return Err(CliError::usage(
+            "the tools workload runs on an engine in this process (leave out --url)",
+        ));
+    };
+    let spec = ToolSpec {
+        tools: vec![Tool::function(
+            "save_book",
+            "Saves a book's description",
+            bench_schema(),
+        )],
+        choice: ToolChoice::Required,
+        parallel: false,
+    };
+    // Every (client, request) pair's chat, rendered with the tools shown.
+    let mut prompts = Vec::new();
+    let mut constraint = None;
+    for i in 0..TOPICS.len() {
+        let messages = [ChatMessage::user(format!(
+            "Save a description of a book about {}.",
+            TOPICS[i]
+        ))];
+        let (text, turn) = engine
+            .render_turn(&ChatTurn::new(&messages, &spec))
+            .map_err(|e| CliError::runtime(e.to_string()))?;
+        prompts.push(text);
+        constraint = turn.constraint;
+    }
+    let prompts = Arc::new(prompts);
+    let max_tokens = args.max_tokens;
+    let prompt_of = {
+        let prompts = prompts.clone();
+        move |c: usize, r: usize| prompts[(c * 7 + r) % prompts.len()].clone()
+    };
+    // The calls first (their grammar ends them), then free text of exactly
+    // the same lengths, so both runs have the same batch shapes (requests
+    // ending and prefilling at the same points) and differ only by the grammar.
+    let calls_req: MakeRequest = {
+        let prompt_of = prompt_of.clone();
+        Arc::new(move |c, r| BenchRequest {
+            prompt: prompt_of(c, r),
+            max_tokens: max_tokens.max(512),
+            cache_prompt: true,
+            ignore_eos: false,
+            constraint: constraint.clone(),
+        })
+    };
+    let mut out = Outcome::default();
+    run_clients(rt, target, 1, 1, calls_req.clone())?;
+    let (s, w) = run_clients(rt, target, args.clients, args.requests, calls_req)?;
+    let lengths: Arc<Vec<u32>> = Arc::new(s.iter().map(|x| x.tokens.max(1) as u32).collect());
+    let requests = args.requests;
+    let free_req: MakeRequest = Arc::new(move |c, r| BenchRequest {
+        prompt: prompt_of(c, r),
+        max_tokens: lengths[c * requests + r],
+        cache_prompt: true,
+        ignore_eos: true,
+        constraint: None,
+    });
+    let (fs, fw) = run_clients(rt, target, args.clients, args.requests, free_req)?;
+    let plain = report("free text, same lengths", args.clients, &fs, fw);
+    let format = engine
+        .template_caps()
+        .map_or(sipp::tools::ToolFormat::Generic, |c| c.format);
+    let parser = sipp::tools::OutputParser::new(
+        format,
+        true,
+        sipp::tools::turn::ReasoningFormat::None,
+        false,
+    );
+    let calls = s
+        .iter()
+        .filter(|x| {
+            let out = parser.clone().parse_all(&x.text);
+            out.calls.len() == 1
+                && serde_json::from_str::<serde_json::Value>(&out.calls[0].function.arguments)
+                    .is_ok()
+        })
+        .count();
+    let tools = report("forced tool call", args.clients, &s, w);
+    out.ratio(
+        "free_text_over_tool_call_decode_tok_s",
+        plain.request_decode_tokens_per_s / tools.request_decode_tokens_per_s.max(1e-9),
+    );
+    out.extra.insert(
+        "tool_call_outputs_parsing".into(),
+        serde_json::json!(format!("{calls}/{}", s.len())),
+    );
+    out.reports = vec![plain, tools];
+    Ok(out)
+}
+
 /// Embeddings per second for `inputs`, sent by `clients` concurrent clients.
 fn embed_rate(
     rt: &tokio::runtime::Runtime,
@@ -887,6 +993,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Workload::SharedPrefix => shared_prefix_workload(&rt, &target, &args)?,
         Workload::MultiTurn => multi_turn_workload(&rt, &target, &args)?,
         Workload::Constrained => constrained_workload(&rt, &target, &args)?,
+        Workload::Tools => tools_workload(&rt, &target, &args)?,
         Workload::Embed => embed_workload(&rt, &target, &args)?,
     };
     if let Target::Local(engine) = &target {

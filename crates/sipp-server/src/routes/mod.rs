@@ -1,9 +1,11 @@
 //! The HTTP routes, the JSON extractor, and the streaming driver they share.
 
+pub mod anthropic;
 pub mod native;
 pub mod openai;
 pub mod ops;
 pub mod remote;
+pub mod responses;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -12,6 +12,8 @@ use sipp::engine::{
 };
 use sipp::protocol::openai::*;
 use sipp::protocol::{request_from_openai, FieldNames};
+use sipp::tools::turn::ChatTurn;
+use sipp::tools::{ToolChoice, ToolSpec, TurnEvent, TurnOutput};
 use sipp::Engine;
 
 use super::{json_event, new_id, now_secs, sse, ApiJson, StreamItem};
@@ -368,6 +370,120 @@ pub async fn completions(
     .into_response())
 }
 
+/// The tools of a chat request: `auto` when tools are given, calls off
+/// without them; parallel calls unless turned off.
+fn tool_spec(req: &ChatCompletionRequest) -> Result<ToolSpec, ApiError> {
+    let tools = req.tools.clone().unwrap_or_default();
+    let choice = match (&req.tool_choice, tools.is_empty()) {
+        (Some(c), _) => c.clone(),
+        (None, false) => ToolChoice::Auto,
+        (None, true) => ToolChoice::None,
+    };
+    let spec = ToolSpec {
+        tools,
+        choice,
+        parallel: req.parallel_tool_calls.unwrap_or(true),
+    };
+    let constrained = req
+        .response_format
+        .as_ref()
+        .is_some_and(|f| !matches!(f, ResponseFormat::Text))
+        || req.sampling.grammar.is_some()
+        || req.sampling.json_schema.is_some();
+    if spec.may_call() && constrained {
+        return Err(ApiError::bad_field(
+            "tools",
+            "cannot be combined with `response_format`, `grammar` or `json_schema` unless `tool_choice` is \"none\"",
+        ));
+    }
+    Ok(spec)
+}
+
+/// Stream deltas of an answer's events: runs of text and of reasoning
+/// become one delta each; a call's start carries its index, id, type and
+/// name, and each piece of arguments its index and the piece.
+fn turn_deltas(events: Vec<TurnEvent>) -> Vec<ResponseMessage> {
+    let mut out: Vec<ResponseMessage> = Vec::new();
+    for e in events {
+        match e {
+            TurnEvent::Content(s) => match out.last_mut() {
+                Some(m) if m.content.is_some() && m.tool_calls.is_none() => {
+                    m.content.get_or_insert_with(String::new).push_str(&s)
+                }
+                _ => out.push(ResponseMessage {
+                    content: Some(s),
+                    ..Default::default()
+                }),
+            },
+            TurnEvent::Reasoning(s) => match out.last_mut() {
+                Some(m) if m.reasoning_content.is_some() => m
+                    .reasoning_content
+                    .get_or_insert_with(String::new)
+                    .push_str(&s),
+                _ => out.push(ResponseMessage {
+                    reasoning_content: Some(s),
+                    ..Default::default()
+                }),
+            },
+            TurnEvent::CallStart { index, id, name } => out.push(ResponseMessage {
+                tool_calls: Some(vec![ResponseToolCall {
+                    index: Some(index),
+                    id: Some(id),
+                    kind: Some("function".into()),
+                    function: FunctionPiece {
+                        name: Some(name),
+                        arguments: Some(String::new()),
+                    },
+                }]),
+                ..Default::default()
+            }),
+            TurnEvent::CallArguments { index, fragment } => out.push(ResponseMessage {
+                tool_calls: Some(vec![ResponseToolCall {
+                    index: Some(index),
+                    function: FunctionPiece {
+                        name: None,
+                        arguments: Some(fragment),
+                    },
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            TurnEvent::CallEnd { .. } => {}
+        }
+    }
+    out
+}
+
+/// OpenAI's finish reason of an answer: `tool_calls` when it called and
+/// ended by itself.
+fn chat_finish_reason(reason: sipp::text::FinishReason, output: &TurnOutput) -> String {
+    match reason {
+        sipp::text::FinishReason::Stop | sipp::text::FinishReason::Eos
+            if !output.calls.is_empty() =>
+        {
+            "tool_calls".into()
+        }
+        r => r.openai_name().into(),
+    }
+}
+
+/// The message of a whole answer. A call that `max_tokens` cut (its
+/// arguments are not a whole JSON object) is left out: every call a
+/// non-streamed answer carries is complete (`finish_reason` says `length`).
+fn answer_message(output: &TurnOutput) -> ResponseMessage {
+    let complete: Vec<ResponseToolCall> = output
+        .complete_calls()
+        .map(ResponseToolCall::from)
+        .collect();
+    let calls = (!complete.is_empty()).then_some(complete);
+    ResponseMessage {
+        role: Some("assistant".into()),
+        content: (calls.is_none() || !output.content.is_empty()).then(|| output.content.clone()),
+        reasoning_content: output.reasoning.clone(),
+        tool_calls: calls,
+    }
+}
+
 /// POST /v1/chat/completions.
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -382,16 +498,6 @@ pub async fn chat_completions(
         return Err(ApiError::bad_field(
             "messages",
             "must contain at least one message",
-        ));
-    }
-    if req
-        .tools
-        .as_ref()
-        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(ApiError::bad_field(
-            "tools",
-            "tool calling is not supported by this server",
         ));
     }
     let n = choices_n(req.n)?;
@@ -410,16 +516,26 @@ pub async fn chat_completions(
     if let Some(e) = ApiError::cannot_generate(&engine) {
         return Err(e);
     }
-    let prompt = engine.chat_prompt(&req.messages)?;
-    let base = request_from_openai(
+    let spec = tool_spec(&req)?;
+    let turn = engine.prepare_turn(&ChatTurn {
+        messages: &req.messages,
+        tools: &spec,
+        reasoning: req.reasoning_format.unwrap_or_default(),
+        kwargs: req.chat_template_kwargs.as_ref(),
+    })?;
+    let mut base = request_from_openai(
         &req.sampling,
         max_tokens,
         logprobs,
         req.response_format.as_ref(),
         &engine.info().sampling,
-        prompt,
+        turn.prompt.clone(),
     )
     .map_err(|e| named(e, &names))?;
+    if turn.constraint.is_some() {
+        base.constraint = turn.constraint.clone();
+    }
+    base.reasoning_budget = req.reasoning_budget.and_then(|n| turn.reasoning_budget(n));
     let logprobs = base.logprobs;
     let handles = submit_all(&engine, vec![base], n)
         .map_err(|e| named(e, &names).renamed_param("prompt", "messages"))?;
@@ -452,6 +568,7 @@ pub async fn chat_completions(
         };
         let st = state.clone();
         let mut started = vec![false; n];
+        let mut parsers = vec![turn.parser.clone(); n];
         let model3 = model2.clone();
         let render = move |item: StreamItem| -> Vec<Event> {
             let mut out = Vec::new();
@@ -465,25 +582,34 @@ pub async fn chat_completions(
                 let role = ResponseMessage {
                     role: Some("assistant".into()),
                     content: Some(String::new()),
+                    ..Default::default()
                 };
                 out.push(json_event(&chunk(i, role, None, None)));
             }
             match item {
                 StreamItem::Delta(i, d) => {
-                    let lp = (!d.logprobs.is_empty())
+                    let mut lp = (!d.logprobs.is_empty())
                         .then(|| chat_logprobs(&d.logprobs, vocab.as_ref()));
-                    if !d.text.is_empty() || lp.is_some() {
+                    for delta in turn_deltas(parsers[i].push(&d.text)) {
+                        out.push(json_event(&chunk(i, delta, lp.take(), None)));
+                    }
+                    if let Some(lp) = lp {
+                        // Tokens whose text is held back still report their
+                        // log-probabilities.
                         let delta = ResponseMessage {
-                            role: None,
-                            content: Some(d.text),
+                            content: Some(String::new()),
+                            ..Default::default()
                         };
-                        out.push(json_event(&chunk(i, delta, lp, None)));
+                        out.push(json_event(&chunk(i, delta, Some(lp), None)));
                     }
                 }
                 StreamItem::Finished(i, c) => {
                     st.metrics.record_ttft(&model3, &c.stats);
                     usage2.record(i, c.usage);
-                    let reason = c.finish_reason.openai_name().to_string();
+                    for delta in turn_deltas(parsers[i].finish()) {
+                        out.push(json_event(&chunk(i, delta, None, None)));
+                    }
+                    let reason = chat_finish_reason(c.finish_reason, parsers[i].output());
                     out.push(json_event(&chunk(
                         i,
                         ResponseMessage::default(),
@@ -515,15 +641,13 @@ pub async fn chat_completions(
         .enumerate()
         .map(|(i, c)| {
             state.metrics.record_ttft(&model, &c.stats);
+            let output = turn.parser.clone().parse_all(&c.text);
             ChatChoice {
                 index: i,
-                message: Some(ResponseMessage {
-                    role: Some("assistant".into()),
-                    content: Some(c.text.clone()),
-                }),
+                message: Some(answer_message(&output)),
                 delta: None,
                 logprobs: logprobs.map(|_| chat_logprobs(&c.logprobs, vocab.as_ref())),
-                finish_reason: Some(c.finish_reason.openai_name().to_string()),
+                finish_reason: Some(chat_finish_reason(c.finish_reason, &output)),
             }
         })
         .collect();

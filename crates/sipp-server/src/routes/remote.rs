@@ -9,7 +9,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream;
-use sipp::chat::ChatMessage;
 use sipp::client::{
     ChatRequest, ClientError, EmbedRequest, QueryRequest, RequestOptions,
     Response as ClientResponse, Run, RunEvent, TextOptions,
@@ -17,6 +16,7 @@ use sipp::client::{
 use sipp::engine::Usage;
 use sipp::protocol::native as nv;
 use sipp::protocol::openai as oa;
+use sipp::tools::turn::ReasoningFormat;
 
 use super::{json_event, new_id, now_secs};
 use crate::error::ApiError;
@@ -79,7 +79,9 @@ fn check_sampling(s: &oa::SamplingFields) -> Result<(), ApiError> {
     }
 }
 
-fn options(
+/// The options of a provider request: the sampling every provider
+/// understands (max tokens, temperature, top_p, stop, user).
+pub(super) fn options(
     max_tokens: Option<i64>,
     temperature: Option<f32>,
     top_p: Option<f32>,
@@ -139,22 +141,22 @@ fn openai_reason(r: &str) -> String {
     }
 }
 
-/// Streams a run as SSE: `delta` renders text, `done` the final answer.
-fn run_sse<D, F>(run: Run, delta: D, done: F, trailer: Option<&'static str>) -> Response
+/// Streams a run as SSE: `piece` renders each streamed event (text,
+/// reasoning, call pieces), `done` the final answer.
+fn run_sse<D, F>(run: Run, piece: D, done: F, trailer: Option<&'static str>) -> Response
 where
-    D: FnMut(String) -> Event + Send + 'static,
+    D: FnMut(RunEvent) -> Vec<Event> + Send + 'static,
     F: Fn(ClientResponse) -> Vec<Event> + Send + 'static,
 {
     let events = stream::unfold(
-        (run, delta, done, false),
-        move |(mut run, mut delta, done, finished)| async move {
+        (run, piece, done, false),
+        move |(mut run, mut piece, done, finished)| async move {
             if finished {
                 return None;
             }
             let mut out = Vec::new();
             let mut end = false;
             match run.next().await {
-                Some(RunEvent::Delta(t)) => out.push(delta(t)),
                 Some(RunEvent::Done(r)) => {
                     out.extend(done(r));
                     end = true;
@@ -163,6 +165,7 @@ where
                     out.push(json_event(&ApiError::from(e).body()));
                     end = true;
                 }
+                Some(ev) => out.extend(piece(ev)),
                 None => end = true,
             }
             if end {
@@ -172,7 +175,7 @@ where
             }
             Some((
                 stream::iter(out.into_iter().map(Ok::<_, Infallible>)),
-                (run, delta, done, end),
+                (run, piece, done, end),
             ))
         },
     );
@@ -242,7 +245,10 @@ pub async fn completions(
         let c2 = chunk.clone();
         return Ok(run_sse(
             run,
-            move |t| json_event(&chunk(t, None, None)),
+            move |ev| match ev {
+                RunEvent::Delta(t) => vec![json_event(&chunk(t, None, None))],
+                _ => Vec::new(),
+            },
             move |r| {
                 let mut v = vec![json_event(&c2(
                     String::new(),
@@ -289,6 +295,7 @@ pub async fn chat_completions(
         stream,
     )
     .map_err(|e| super::openai::named(e, &sipp::protocol::FieldNames::openai_chat(&req)))?;
+    // Tools, the choice and parallel calls go to the provider as given.
     let run = r
         .client
         .chat(
@@ -296,6 +303,9 @@ pub async fn chat_completions(
             ChatRequest {
                 messages: req.messages,
                 options: o,
+                tools: req.tools.unwrap_or_default(),
+                tool_choice: req.tool_choice,
+                parallel_tool_calls: req.parallel_tool_calls,
             },
         )
         .await?;
@@ -313,34 +323,37 @@ pub async fn chat_completions(
             }
         }
     };
-    let delta_choice =
-        |content: Option<String>, role: Option<String>, finish: Option<String>| oa::ChatChoice {
-            index: 0,
-            message: None,
-            delta: Some(oa::ResponseMessage { role, content }),
-            logprobs: None,
-            finish_reason: finish,
-        };
+    let delta_choice = |delta: oa::ResponseMessage, finish: Option<String>| oa::ChatChoice {
+        index: 0,
+        message: None,
+        delta: Some(delta),
+        logprobs: None,
+        finish_reason: finish,
+    };
     if stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
         let c2 = chunk.clone();
         let mut first = true;
         return Ok(run_sse(
             run,
-            move |t| {
-                let role = std::mem::take(&mut first).then(|| "assistant".to_string());
-                json_event(&chunk(
+            move |ev| {
+                let Some(mut delta) = openai_delta(ev) else {
+                    return Vec::new();
+                };
+                if std::mem::take(&mut first) {
+                    delta.role = Some("assistant".into());
+                }
+                vec![json_event(&chunk(
                     "chat.completion.chunk",
-                    Some(delta_choice(Some(t), role, None)),
+                    Some(delta_choice(delta, None)),
                     None,
-                ))
+                ))]
             },
             move |r| {
                 let mut v = vec![json_event(&c2(
                     "chat.completion.chunk",
                     Some(delta_choice(
-                        None,
-                        None,
+                        oa::ResponseMessage::default(),
                         Some(openai_reason(&r.finish_reason)),
                     )),
                     None,
@@ -358,11 +371,20 @@ pub async fn chat_completions(
         ));
     }
     let resp = run.response().await?;
+    let calls = (!resp.tool_calls.is_empty()).then(|| {
+        resp.tool_calls
+            .iter()
+            .map(oa::ResponseToolCall::from)
+            .collect()
+    });
     let choice = oa::ChatChoice {
         index: 0,
         message: Some(oa::ResponseMessage {
             role: Some("assistant".into()),
-            content: Some(resp.text),
+            // null in an answer that only calls tools, as OpenAI sends it.
+            content: (calls.is_none() || !resp.text.is_empty()).then_some(resp.text),
+            reasoning_content: resp.reasoning,
+            tool_calls: calls,
         }),
         delta: None,
         logprobs: None,
@@ -374,6 +396,38 @@ pub async fn chat_completions(
         Some(resp.usage.into()),
     ))
     .into_response())
+}
+
+/// The OpenAI stream delta of a run's streamed event: text, reasoning, a
+/// call's start (index, id, type, name) or a piece of its arguments.
+fn openai_delta(ev: RunEvent) -> Option<oa::ResponseMessage> {
+    let call = |index, id: Option<String>, name: Option<String>, arguments| oa::ResponseMessage {
+        tool_calls: Some(vec![oa::ResponseToolCall {
+            index: Some(index),
+            kind: id.as_ref().map(|_| "function".to_string()),
+            id,
+            function: oa::FunctionPiece {
+                name,
+                arguments: Some(arguments),
+            },
+        }]),
+        ..Default::default()
+    };
+    Some(match ev {
+        RunEvent::Delta(t) => oa::ResponseMessage {
+            content: Some(t),
+            ..Default::default()
+        },
+        RunEvent::Reasoning(t) => oa::ResponseMessage {
+            reasoning_content: Some(t),
+            ..Default::default()
+        },
+        RunEvent::ToolCallStart { index, id, name } => {
+            call(index, Some(id), Some(name), String::new())
+        }
+        RunEvent::ToolCallArguments { index, fragment } => call(index, None, None, fragment),
+        _ => return None,
+    })
 }
 
 /// /v1/embeddings on a remote target.
@@ -443,28 +497,54 @@ fn native_options(o: &nv::TextOptions, stream: bool) -> Result<RequestOptions, A
     )
 }
 
-fn native_body(model: &str, r: ClientResponse) -> nv::GenerationBody {
+/// The native body of an answer; the provider's reasoning only when the
+/// request asked for it apart (`reasoning`).
+fn native_body(model: &str, r: ClientResponse, reasoning: bool) -> nv::GenerationBody {
     nv::GenerationBody {
         model: model.to_string(),
         text: r.text,
         finish_reason: r.finish_reason,
+        tool_calls: r.tool_calls,
+        reasoning: r.reasoning.filter(|_| reasoning),
         usage: r.usage,
         stats: r.stats.unwrap_or_default(),
         logprobs: Vec::new(),
     }
 }
 
-async fn native_generate(model: String, run: Run, stream: bool) -> Result<Response, ApiError> {
+async fn native_generate(
+    model: String,
+    run: Run,
+    stream: bool,
+    reasoning: bool,
+) -> Result<Response, ApiError> {
     if stream {
         return Ok(run_sse(
             run,
-            |t| json_event(&nv::StreamEvent::Delta { text: t }),
-            move |r| vec![json_event(&nv::StreamEvent::Done(native_body(&model, r)))],
+            move |ev| {
+                let e = match ev {
+                    RunEvent::Delta(text) => nv::StreamEvent::Delta { text },
+                    RunEvent::Reasoning(text) if reasoning => nv::StreamEvent::Reasoning { text },
+                    RunEvent::ToolCallStart { index, id, name } => {
+                        nv::StreamEvent::ToolCallStart { index, id, name }
+                    }
+                    RunEvent::ToolCallArguments { index, fragment } => {
+                        nv::StreamEvent::ToolCallArguments { index, fragment }
+                    }
+                    _ => return Vec::new(),
+                };
+                vec![json_event(&e)]
+            },
+            move |r| {
+                vec![json_event(&nv::StreamEvent::Done(native_body(
+                    &model, r, reasoning,
+                )))]
+            },
             None,
         ));
     }
     let r = run.response().await?;
-    Ok(Json(native_body(&model, r)).into_response())
+    Ok(Json(native_body(&model, r, reasoning)).into_response())
 }
 
 /// /v1/query on a remote target.
@@ -484,29 +564,28 @@ pub async fn query(
             },
         )
         .await?;
-    native_generate(model, run, req.stream).await
+    native_generate(model, run, req.stream, false).await
 }
 
-/// /v1/chat on a remote target.
-pub async fn chat(
-    model: String,
-    r: RemoteTarget,
-    messages: Vec<ChatMessage>,
-    options: nv::TextOptions,
-    stream: bool,
-) -> Result<Response, ApiError> {
-    let o = native_options(&options, stream)?;
+/// /v1/chat on a remote target: tools, the choice and parallel calls go to
+/// the provider as given.
+pub async fn chat(model: String, r: RemoteTarget, req: nv::ChatBody) -> Result<Response, ApiError> {
+    let o = native_options(&req.options, req.stream)?;
+    let reasoning = req.reasoning_format == Some(ReasoningFormat::Split);
     let run = r
         .client
         .chat(
             &r.endpoint,
             ChatRequest {
-                messages,
+                messages: req.messages,
                 options: o,
+                tools: req.tools.unwrap_or_default(),
+                tool_choice: req.tool_choice,
+                parallel_tool_calls: req.parallel_tool_calls,
             },
         )
         .await?;
-    native_generate(model, run, stream).await
+    native_generate(model, run, req.stream, reasoning).await
 }
 
 /// /v1/embed on a remote target.

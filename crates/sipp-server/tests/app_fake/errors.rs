@@ -189,7 +189,29 @@ async fn out_of_range_values_are_400_naming_the_field() {
         (
             "/v1/chat/completions",
             chat(json!({"tools": [{"type": "function"}]})),
-            "tools",
+            "tools[0]",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            ),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}),
+            ),
+            "tools[0].function.parameters",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                json!({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "nope", "content": "r"}]}),
+            ),
+            "messages[1].tool_call_id",
         ),
         (
             "/v1/chat/completions",

@@ -159,7 +159,8 @@ fn keyed(protect_health: bool) -> App {
 }
 
 /// With API keys, every route but /health needs `Authorization: Bearer
-/// <key>` with one of them: 401 `invalid_api_key` with `WWW-Authenticate`.
+/// <key>` (or Anthropic's `x-api-key: <key>`) with one of them: 401
+/// `invalid_api_key` with `WWW-Authenticate`.
 #[tokio::test]
 async fn api_keys_guard_every_route_but_health() {
     let app = keyed(false);
@@ -172,7 +173,8 @@ async fn api_keys_guard_every_route_but_health() {
         vec![("authorization", "Bearer ")],
         vec![("authorization", "sk-one")],
         vec![("authorization", "Basic c2stb25lOg==")],
-        vec![("x-api-key", "sk-one")],
+        vec![("x-api-key", "sk-on")],
+        vec![("x-api-key", "Bearer sk-one")],
     ] {
         let r = app
             .post_raw("/v1/completions", body.clone(), &headers)
@@ -192,6 +194,10 @@ async fn api_keys_guard_every_route_but_health() {
             .await;
         assert_eq!(r.status, 200, "{key}: {}", r.text());
     }
+    let r = app
+        .post_raw("/v1/completions", body.clone(), &[("x-api-key", "sk-two")])
+        .await;
+    assert_eq!(r.status, 200, "x-api-key: {}", r.text());
     // Every other route, including unknown ones: no key, no answer.
     for path in ["/v1/models", "/metrics", "/v1/nothing"] {
         let r = app.get(path).await;

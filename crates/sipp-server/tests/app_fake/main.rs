@@ -3,8 +3,10 @@
 //! model or a port. (`crates/sipp-cli/tests/serve_http.rs` covers what needs
 //! the real model: real text, real JSON mode, the process and its signals.)
 
+mod anthropic;
 mod errors;
 mod harness;
 mod lifecycle;
 mod openai;
+mod responses;
 mod stream;

@@ -24,8 +24,10 @@ fn escape(s: &str, out: &mut String) {
 }
 
 fn number(v: &Value, out: &mut String) {
-    if let Some(i) = v.as_i64() {
-        out.push_str(&i.to_string());
+    // Integers as they are (`42`), floats as Python writes them (`42.0`):
+    // minijinja converts an integral float to i64 on request, so ask first.
+    if v.is_integer() {
+        out.push_str(&v.to_string());
         return;
     }
     let f = f64::try_from(v.clone()).unwrap_or(f64::NAN);
@@ -33,10 +35,28 @@ fn number(v: &Value, out: &mut String) {
         out.push_str("NaN");
     } else if f.is_infinite() {
         out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
-    } else if f.fract() == 0.0 && f.abs() < 1e16 {
-        out.push_str(&format!("{f:.1}"));
     } else {
-        out.push_str(&format!("{f}"));
+        out.push_str(&python_float(f));
+    }
+}
+
+/// Python's `repr(float)`: the shortest text that reads back as the same
+/// number, positional for decimal exponents -4 to 15 (`0.0001`, `10.0`),
+/// scientific otherwise (`1e-05`, `1e+16`).
+fn python_float(f: f64) -> String {
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let s = f.to_string();
+        if s.contains('.') {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
     }
 }
 
@@ -136,4 +156,42 @@ pub fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let mut out = String::new();
     write(&value, &style, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_as_python_writes_them() {
+        // json.dumps([10.0, 3, -0.0, 0.0001, 1e-05, 1.5e-07, 1e15, 1e16,
+        //             1.2345678901234568e+17, 47.37, 2**64 - 1, -12.5e300, 0.1 + 0.2])
+        let values = serde_json::json!([
+            10.0,
+            3,
+            -0.0,
+            0.0001,
+            1e-05,
+            1.5e-07,
+            1e15,
+            1e16,
+            1.2345678901234568e+17,
+            47.37,
+            18446744073709551615u64,
+            -12.5e300,
+            0.30000000000000004
+        ]);
+        let out = tojson(
+            Value::from(minijinja::value::Serde(&values)),
+            Kwargs::from_iter(std::iter::empty::<(&str, Value)>()),
+        )
+        .expect("serializes");
+        assert_eq!(
+            out.as_str(),
+            Some(
+                "[10.0, 3, -0.0, 0.0001, 1e-05, 1.5e-07, 1000000000000000.0, 1e+16, \
+                 1.2345678901234568e+17, 47.37, 18446744073709551615, -1.25e+301, 0.30000000000000004]"
+            )
+        );
+    }
 }

@@ -6,6 +6,8 @@ mod json;
 
 use serde::{Deserialize, Serialize};
 
+use crate::tools::{Tool, ToolCall};
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -86,14 +88,22 @@ impl From<String> for MessageContent {
 pub struct ChatMessage {
     /// Who wrote it.
     pub role: Role,
-    /// What it says.
-    pub content: MessageContent,
-    /// Optional author name.
+    /// What it says (`null` on an assistant message that only calls tools).
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    /// Optional author name (for `tool` messages: the function's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// For `tool` messages: the call this answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// For assistant messages: the calls it made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// For assistant messages: the reasoning that came before the answer
+    /// (templates that show earlier reasoning read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -101,9 +111,36 @@ impl ChatMessage {
     pub fn new(role: Role, content: impl Into<MessageContent>) -> Self {
         Self {
             role,
-            content: content.into(),
+            content: Some(content.into()),
             name: None,
             tool_call_id: None,
+            tool_calls: None,
+            reasoning_content: None,
+        }
+    }
+
+    /// The content as one text ("" when there is none).
+    pub fn text(&self) -> String {
+        self.content
+            .as_ref()
+            .map(MessageContent::text)
+            .unwrap_or_default()
+    }
+
+    /// An assistant message that calls tools.
+    pub fn tool_calls(content: Option<String>, calls: Vec<ToolCall>) -> Self {
+        Self {
+            content: content.map(MessageContent::Text),
+            tool_calls: Some(calls),
+            ..Self::new(Role::Assistant, "")
+        }
+    }
+
+    /// A tool's result, answering the call `call_id`.
+    pub fn tool_result(call_id: impl Into<String>, content: impl Into<MessageContent>) -> Self {
+        Self {
+            tool_call_id: Some(call_id.into()),
+            ..Self::new(Role::Tool, content)
         }
     }
 
@@ -141,6 +178,90 @@ pub enum ChatError {
     /// No messages.
     #[error("`messages` must contain at least one message")]
     NoMessages,
+    /// A message or option that cannot be rendered, named as the request
+    /// names it (`messages[2].tool_calls[0].function.arguments`).
+    #[error("invalid `{field}`: {message}")]
+    Field {
+        /// The field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// How to render a conversation.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions<'a> {
+    /// Append the opening of the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// Tools the template shows the model (`tools` in the template; `none`
+    /// when absent, as transformers passes it).
+    pub tools: Option<&'a [Tool]>,
+    /// Extra template variables (`chat_template_kwargs`, e.g.
+    /// `enable_thinking`).
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+impl RenderOptions<'_> {
+    /// Just the generation-prompt switch.
+    pub fn new(add_generation_prompt: bool) -> Self {
+        Self {
+            add_generation_prompt,
+            ..Self::default()
+        }
+    }
+}
+
+/// Template variables sipp sets itself; `chat_template_kwargs` may not set them.
+pub const RESERVED_TEMPLATE_VARIABLES: &[&str] = &[
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// A message as templates see it: OpenAI's shape, with each call's
+/// `arguments` parsed from JSON text into an object (what templates index
+/// and `tojson`, as vLLM and llama.cpp hand them over).
+pub fn message_value(m: &ChatMessage, index: usize) -> Result<serde_json::Value, ChatError> {
+    let mut o = serde_json::Map::new();
+    o.insert("role".into(), m.role.as_str().into());
+    o.insert(
+        "content".into(),
+        m.content
+            .as_ref()
+            .map_or(serde_json::Value::Null, |c| c.text().into()),
+    );
+    if let Some(n) = &m.name {
+        o.insert("name".into(), n.clone().into());
+    }
+    if let Some(id) = &m.tool_call_id {
+        o.insert("tool_call_id".into(), id.clone().into());
+    }
+    if let Some(r) = &m.reasoning_content {
+        o.insert("reasoning_content".into(), r.clone().into());
+    }
+    if let Some(calls) = &m.tool_calls {
+        let calls = calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| {
+                let args: serde_json::Value =
+                    serde_json::from_str(&c.function.arguments).map_err(|e| ChatError::Field {
+                        field: format!("messages[{index}].tool_calls[{j}].function.arguments"),
+                        message: format!("is not JSON: {e}"),
+                    })?;
+                Ok(serde_json::json!({
+                    "id": c.id,
+                    "type": c.kind,
+                    "function": {"name": c.function.name, "arguments": args},
+                }))
+            })
+            .collect::<Result<Vec<_>, ChatError>>()?;
+        o.insert("tool_calls".into(), calls.into());
+    }
+    Ok(serde_json::Value::Object(o))
 }
 
 /// Rendering limit: a hostile template cannot loop forever.
@@ -149,6 +270,7 @@ const TEMPLATE_FUEL: u64 = 2_000_000;
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -193,6 +315,7 @@ impl ChatTemplate {
             .map_err(|e| ChatError::InvalidTemplate(describe(&e)))?;
         Ok(Self {
             env,
+            source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
         })
@@ -205,34 +328,70 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with(messages, &RenderOptions::new(add_generation_prompt))
+    }
+
+    /// Renders a conversation with tools and extra template variables, as
+    /// transformers' `apply_chat_template(messages, tools=..., **kwargs)`.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions<'_>,
+    ) -> Result<String, ChatError> {
         if messages.is_empty() {
             return Err(ChatError::NoMessages);
         }
-        let msgs: Vec<serde_json::Value> = messages
+        let msgs = messages
             .iter()
-            .map(|m| {
-                let mut o =
-                    serde_json::json!({"role": m.role.as_str(), "content": m.content.text()});
-                if let Some(n) = &m.name {
-                    o["name"] = serde_json::Value::String(n.clone());
-                }
-                if let Some(id) = &m.tool_call_id {
-                    o["tool_call_id"] = serde_json::Value::String(id.clone());
-                }
-                o
-            })
-            .collect();
+            .enumerate()
+            .map(|(i, m)| message_value(m, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.render_values(&msgs, opts)
+    }
+
+    /// Renders messages already in the shape templates see.
+    fn render_values(
+        &self,
+        msgs: &[serde_json::Value],
+        opts: &RenderOptions<'_>,
+    ) -> Result<String, ChatError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ChatError::InvalidTemplate(describe(&e)))?;
-        let ctx = minijinja::context! {
-            messages => minijinja::Value::from(minijinja::value::Serde(&msgs)),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.as_str(),
-            eos_token => self.eos_token.as_str(),
-        };
-        tmpl.render(ctx).map_err(|e| {
+        let mut vars: std::collections::BTreeMap<String, minijinja::Value> = Default::default();
+        if let Some(kwargs) = opts.kwargs {
+            for (k, v) in kwargs {
+                if RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()) {
+                    return Err(ChatError::Field {
+                        field: format!("chat_template_kwargs.{k}"),
+                        message: "is set by the server and cannot be overridden".into(),
+                    });
+                }
+                vars.insert(
+                    k.clone(),
+                    minijinja::Value::from(minijinja::value::Serde(v)),
+                );
+            }
+        }
+        vars.insert(
+            "messages".into(),
+            minijinja::Value::from(minijinja::value::Serde(msgs)),
+        );
+        vars.insert(
+            "tools".into(),
+            match opts.tools {
+                Some(t) => minijinja::Value::from(minijinja::value::Serde(t)),
+                None => minijinja::Value::from(()),
+            },
+        );
+        vars.insert(
+            "add_generation_prompt".into(),
+            opts.add_generation_prompt.into(),
+        );
+        vars.insert("bos_token".into(), self.bos_token.as_str().into());
+        vars.insert("eos_token".into(), self.eos_token.as_str().into());
+        tmpl.render(vars).map_err(|e| {
             // The message of raise_exception, wherever in the chain it sits.
             let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
             while let Some(err) = cur {
@@ -246,6 +405,41 @@ impl ChatTemplate {
             }
             ChatError::Render(describe(&e))
         })
+    }
+
+    /// True when the template shows the model the tools it is given (it
+    /// renders a probe tool's name), so calls and tool results can go
+    /// through it as they are.
+    pub fn renders_tools(&self) -> bool {
+        let probe = Tool::function(
+            "sipp_probe_tool_7f3a",
+            "probe",
+            serde_json::json!({"type": "object", "properties": {}}),
+        );
+        let tools = [probe];
+        let msgs = [serde_json::json!({"role": "user", "content": "hi"})];
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            tools: Some(&tools),
+            kwargs: None,
+        };
+        self.render_values(&msgs, &opts)
+            .is_ok_and(|out| out.contains("sipp_probe_tool_7f3a"))
+    }
+
+    /// True when a system message renders (some templates refuse the role).
+    pub fn renders_system(&self) -> bool {
+        let msgs = [
+            serde_json::json!({"role": "system", "content": "sipp-probe-system"}),
+            serde_json::json!({"role": "user", "content": "hi"}),
+        ];
+        self.render_values(&msgs, &RenderOptions::new(true))
+            .is_ok_and(|out| out.contains("sipp-probe-system"))
+    }
+
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The BOS token text templates see.
@@ -332,7 +526,7 @@ mod tests {
             r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#,
         )
         .expect("parses");
-        assert_eq!(m.content.text(), "a\nb");
+        assert_eq!(m.text(), "a\nb");
         assert!(serde_json::from_str::<ChatMessage>(r#"{"role":"wizard","content":"x"}"#).is_err());
     }
 }

@@ -12,6 +12,7 @@ use crate::protocol::native::{
     TextOptions,
 };
 use crate::protocol::openai::ErrorBody;
+use crate::tools::turn::ReasoningFormat;
 
 pub(super) struct GatewayEndpoint {
     id: String,
@@ -139,9 +140,14 @@ impl GatewayEndpoint {
         let stream = req.options.stream;
         let body = ChatBody {
             model: self.target.clone(),
-            messages: req.messages,
             stream,
             options: Self::options(&req.options),
+            tools: (!req.tools.is_empty()).then_some(req.tools),
+            tool_choice: req.tool_choice,
+            parallel_tool_calls: req.parallel_tool_calls,
+            // Reasoning comes apart from the answer, as on a local endpoint.
+            reasoning_format: Some(ReasoningFormat::Split),
+            messages: req.messages,
         };
         self.generate("/v1/chat", &body, stream).await
     }
@@ -168,6 +174,13 @@ impl GatewayEndpoint {
                     .map_err(|e| protocol(&id, format!("{e}: {}", ev.data)))?;
                 Ok(match parsed {
                     StreamEvent::Delta { text } => vec![Piece::Text(text)],
+                    StreamEvent::Reasoning { text } => vec![Piece::Reasoning(text)],
+                    StreamEvent::ToolCallStart { index, id, name } => {
+                        vec![Piece::CallStart { index, id, name }]
+                    }
+                    StreamEvent::ToolCallArguments { index, fragment } => {
+                        vec![Piece::CallArguments { index, fragment }]
+                    }
                     StreamEvent::Done(body) => vec![Piece::Done(response_of(body))],
                     StreamEvent::Error { error } => {
                         return Err(ClientError::Remote {
@@ -208,6 +221,8 @@ fn response_of(b: GenerationBody) -> Response {
     Response {
         text: b.text,
         finish_reason: b.finish_reason,
+        tool_calls: b.tool_calls,
+        reasoning: b.reasoning,
         usage: b.usage,
         stats: Some(b.stats),
         logprobs: Vec::new(),

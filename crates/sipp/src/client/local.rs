@@ -6,6 +6,9 @@ use crate::client::{
 };
 use crate::engine::{Engine, GenerateRequest, PromptInput, RequestEvent, RequestHandle};
 use crate::protocol::request_from_text_options;
+use crate::text::FinishReason;
+use crate::tools::turn::ChatTurn;
+use crate::tools::{OutputParser, TurnEvent, TurnOutput};
 use crate::NativeRuntimeConfig;
 
 pub(super) struct LocalEndpoint {
@@ -53,13 +56,30 @@ impl LocalEndpoint {
 
     pub(super) fn query(&self, req: QueryRequest) -> Result<Run, ClientError> {
         let r = self.request(&req.options, PromptInput::Text(req.prompt))?;
-        Ok(spawn_run(self.engine.generate(r)?, req.options.stream))
+        Ok(spawn_run(
+            self.engine.generate(r)?,
+            req.options.stream,
+            None,
+        ))
     }
 
+    /// A chat as the server's chat route runs it: the conversation and its
+    /// tools rendered by [`Engine::prepare_turn`], the calls' grammar as the
+    /// constraint, and the output parsed into answer, reasoning and calls.
     pub(super) fn chat(&self, req: ChatRequest) -> Result<Run, ClientError> {
-        let prompt = self.engine.chat_prompt(&req.messages)?;
-        let r = self.request(&req.options, prompt)?;
-        Ok(spawn_run(self.engine.generate(r)?, req.options.stream))
+        let spec = req.tool_spec();
+        let turn = self
+            .engine
+            .prepare_turn(&ChatTurn::new(&req.messages, &spec))?;
+        let mut r = self.request(&req.options, turn.prompt)?;
+        if turn.constraint.is_some() {
+            r.constraint = turn.constraint;
+        }
+        Ok(spawn_run(
+            self.engine.generate(r)?,
+            req.options.stream,
+            Some(turn.parser),
+        ))
     }
 
     pub(super) async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, ClientError> {
@@ -92,8 +112,30 @@ impl LocalEndpoint {
     }
 }
 
+/// The run event of an answer's event (a call's end has none).
+pub(super) fn turn_event(e: TurnEvent) -> Option<RunEvent> {
+    Some(match e {
+        TurnEvent::Content(s) => RunEvent::Delta(s),
+        TurnEvent::Reasoning(s) => RunEvent::Reasoning(s),
+        TurnEvent::CallStart { index, id, name } => RunEvent::ToolCallStart { index, id, name },
+        TurnEvent::CallArguments { index, fragment } => {
+            RunEvent::ToolCallArguments { index, fragment }
+        }
+        TurnEvent::CallEnd { .. } => return None,
+    })
+}
+
+/// A chat's finish reason: `tool_calls` when it called and ended by itself.
+fn chat_finish_reason(reason: FinishReason, output: &TurnOutput) -> String {
+    match reason {
+        FinishReason::Stop | FinishReason::Eos if !output.calls.is_empty() => "tool_calls".into(),
+        r => r.as_str().to_string(),
+    }
+}
+
 /// Forwards an engine request's events to a run, and the run's cancel to it.
-fn spawn_run(mut handle: RequestHandle, stream: bool) -> Run {
+/// With a parser (a chat), the text is split into answer, reasoning and calls.
+fn spawn_run(mut handle: RequestHandle, stream: bool, mut parser: Option<OutputParser>) -> Run {
     let (tx, cancel, run) = Run::channel();
     tokio::spawn(async move {
         let mut cancelled = false;
@@ -107,22 +149,57 @@ fn spawn_run(mut handle: RequestHandle, stream: bool) -> Run {
                 }
             };
             let Some(ev) = ev else { break };
-            let out = match ev {
-                RequestEvent::Delta(d) if stream && !d.text.is_empty() => RunEvent::Delta(d.text),
-                RequestEvent::Finished(c) => RunEvent::Done(Response {
-                    text: c.text,
-                    finish_reason: c.finish_reason.as_str().to_string(),
-                    usage: c.usage,
-                    stats: Some(c.stats),
-                    logprobs: c.logprobs,
-                }),
-                RequestEvent::Failed(e) => RunEvent::Error(e.into()),
+            let (pieces, last) = match ev {
+                RequestEvent::Delta(d) if stream && !d.text.is_empty() => match &mut parser {
+                    Some(p) => (
+                        p.push(&d.text).into_iter().filter_map(turn_event).collect(),
+                        false,
+                    ),
+                    None => (vec![RunEvent::Delta(d.text)], false),
+                },
+                RequestEvent::Finished(c) => {
+                    let mut out = Vec::new();
+                    let done = match parser.take() {
+                        None => Response {
+                            text: c.text,
+                            finish_reason: c.finish_reason.as_str().to_string(),
+                            usage: c.usage,
+                            stats: Some(c.stats),
+                            logprobs: c.logprobs,
+                            ..Response::default()
+                        },
+                        Some(mut p) => {
+                            // Streamed, the parser has seen every delta;
+                            // otherwise it reads the whole text now.
+                            let output = if stream {
+                                out.extend(p.finish().into_iter().filter_map(turn_event));
+                                p.output().clone()
+                            } else {
+                                p.parse_all(&c.text)
+                            };
+                            Response {
+                                finish_reason: chat_finish_reason(c.finish_reason, &output),
+                                text: output.content,
+                                tool_calls: output.calls,
+                                reasoning: output.reasoning,
+                                usage: c.usage,
+                                stats: Some(c.stats),
+                                logprobs: c.logprobs,
+                            }
+                        }
+                    };
+                    out.push(RunEvent::Done(done));
+                    (out, true)
+                }
+                RequestEvent::Failed(e) => (vec![RunEvent::Error(e.into())], true),
                 _ => continue,
             };
-            let last = !matches!(out, RunEvent::Delta(_));
-            if tx.send(out).is_err() && !cancelled {
-                // Nobody is listening any more.
-                handle.cancel();
+            for out in pieces {
+                if tx.send(out).is_err() && !cancelled {
+                    // Nobody is listening any more.
+                    cancelled = true;
+                    handle.cancel();
+                }
             }
             if last {
                 break;

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Every endpoint answers with a [`Run`]: the final [`Response`], a stream of
-//! text deltas when asked, and cancellation. Options are split by where they
+//! text deltas (and reasoning and tool-call pieces) when asked, and
+//! cancellation. Options are split by where they
 //! apply ([`TextOptions`] everywhere, [`LocalOptions`] on local engines only,
 //! [`ProviderOptions`] on providers only) and checked before anything is sent.
 
@@ -33,6 +34,7 @@ use crate::chat::ChatMessage;
 use crate::engine::{EngineError, RequestStats, Usage};
 use crate::runtime::Pooling;
 use crate::sampling::SamplingParams;
+use crate::tools::{Tool, ToolCall, ToolChoice, ToolSpec};
 use crate::NativeRuntimeConfig;
 
 pub use crate::engine::TokenLogprobs;
@@ -236,12 +238,28 @@ pub struct QueryRequest {
 }
 
 /// A chat turn.
+///
+/// Tools work on every endpoint kind: a local engine (and a sipp gateway)
+/// renders them with the model's template and constrains the calls to their
+/// schemas; providers receive them in their own API's shape. Calls come back
+/// in [`Response::tool_calls`] (and, streamed, as [`RunEvent::ToolCallStart`]
+/// and [`RunEvent::ToolCallArguments`]); answer them with
+/// [`ChatMessage::tool_calls`] and [`ChatMessage::tool_result`] in the next
+/// turn's messages.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
     /// Options.
     pub options: RequestOptions,
+    /// Tools the model may call (empty: a plain chat).
+    pub tools: Vec<Tool>,
+    /// Whether and which tool must be called (`None`: `auto` when there are
+    /// tools; providers get the field only when it is set).
+    pub tool_choice: Option<ToolChoice>,
+    /// Several calls in one answer (`None`: allowed, the providers' default;
+    /// providers get the field only when it is set).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 macro_rules! builder_methods {
@@ -289,7 +307,41 @@ impl ChatRequest {
     pub fn new(messages: Vec<ChatMessage>) -> Self {
         Self {
             messages,
-            options: RequestOptions::default(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the tools the model may call.
+    pub fn tools(mut self, tools: Vec<Tool>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Sets whether and which tool must be called.
+    pub fn tool_choice(mut self, choice: ToolChoice) -> Self {
+        self.tool_choice = Some(choice);
+        self
+    }
+
+    /// Allows or forbids several calls in one answer.
+    pub fn parallel_tool_calls(mut self, parallel: bool) -> Self {
+        self.parallel_tool_calls = Some(parallel);
+        self
+    }
+
+    /// The tools with the defaults filled in: `auto` when there are tools
+    /// and no choice (calls off without tools), parallel calls allowed
+    /// unless turned off.
+    pub fn tool_spec(&self) -> ToolSpec {
+        let choice = match (&self.tool_choice, self.tools.is_empty()) {
+            (Some(c), _) => c.clone(),
+            (None, false) => ToolChoice::Auto,
+            (None, true) => ToolChoice::None,
+        };
+        ToolSpec {
+            tools: self.tools.clone(),
+            choice,
+            parallel: self.parallel_tool_calls.unwrap_or(true),
         }
     }
 }
@@ -318,10 +370,16 @@ impl EmbedRequest {
 /// The final answer of a run.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Response {
-    /// Generated text.
+    /// Generated text (of a chat: the answer, without reasoning and calls).
     pub text: String,
-    /// stop, eos, length, cancelled or error (providers' reasons mapped onto these).
+    /// stop, eos, length, cancelled, error or tool_calls (the answer called
+    /// tools and ended there); providers' reasons mapped onto these.
     pub finish_reason: String,
+    /// The tools the answer called, in order (arguments as JSON text).
+    pub tool_calls: Vec<ToolCall>,
+    /// The reasoning before the answer, when the model reasoned (a local
+    /// model's `<think>` block, a provider's reasoning or thinking).
+    pub reasoning: Option<String>,
     /// Token counts.
     pub usage: Usage,
     /// Timing, for local endpoints (and gateways, which report the server's).
@@ -353,8 +411,27 @@ pub struct Embeddings {
 /// What a run emits.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
-    /// New text (only when streaming).
+    /// New answer text (only when streaming).
     Delta(String),
+    /// New reasoning text (only when streaming).
+    Reasoning(String),
+    /// Tool call `index` (0, 1, ...) started (only when streaming).
+    ToolCallStart {
+        /// Which call of the answer.
+        index: usize,
+        /// Its id (a tool result answers it by this id).
+        id: String,
+        /// The function's name.
+        name: String,
+    },
+    /// The next piece of call `index`'s arguments, JSON text (only when
+    /// streaming); the pieces joined are the call's arguments.
+    ToolCallArguments {
+        /// Which call.
+        index: usize,
+        /// The piece.
+        fragment: String,
+    },
     /// The final answer.
     Done(Response),
     /// The run failed.
@@ -384,18 +461,19 @@ impl Run {
         )
     }
 
-    /// The next event: deltas (when streaming), then `Done` or `Error`; `None` after.
+    /// The next event: deltas, reasoning and call pieces (when streaming),
+    /// then `Done` or `Error`; `None` after.
     pub async fn next(&mut self) -> Option<RunEvent> {
         if self.done {
             return None;
         }
         let ev = self.events.recv().await;
         match ev {
-            Some(RunEvent::Delta(d)) => Some(RunEvent::Delta(d)),
-            Some(final_event) => {
+            Some(final_event @ (RunEvent::Done(_) | RunEvent::Error(_))) => {
                 self.done = true;
                 Some(final_event)
             }
+            Some(piece) => Some(piece),
             None => {
                 self.done = true;
                 Some(RunEvent::Error(ClientError::Closed("run".into())))
@@ -409,7 +487,7 @@ impl Run {
             match ev {
                 RunEvent::Done(r) => return Ok(r),
                 RunEvent::Error(e) => return Err(e),
-                RunEvent::Delta(_) => {}
+                _ => {}
             }
         }
         Err(ClientError::Closed("run".into()))
@@ -779,6 +857,19 @@ impl SippClient {
             return Err(ClientError::Invalid {
                 endpoint: id.to_string(),
                 message: "`messages` must contain at least one message".into(),
+            });
+        }
+        // A local engine constrains calls with a grammar of its own, which
+        // cannot be combined with another constraint.
+        let l = &req.options.local;
+        let constrained = l.grammar.is_some() || l.json_schema.is_some() || l.json_mode;
+        if constrained
+            && req.tool_spec().may_call()
+            && !matches!(ep.as_ref(), Endpoint::Provider(_))
+        {
+            return Err(ClientError::Invalid {
+                endpoint: id.to_string(),
+                message: "`tools` cannot be combined with `grammar`, `json_schema` or `json_mode` unless `tool_choice` is none".into(),
             });
         }
         match ep.as_ref() {

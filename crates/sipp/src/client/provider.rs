@@ -1,18 +1,19 @@
 //! Provider endpoints: OpenAI, any OpenAI-compatible server, and Anthropic.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::gateway::{header_map, protocol, remote_error, transport};
-use super::sse::stream_run;
-use super::sse::Piece;
+use super::sse::{finish_calls, stream_run, Piece};
 use super::{
     ChatRequest, ClientError, EmbedRequest, Embedding, Embeddings, ProviderKind, QueryRequest,
     RequestOptions, Response, Run, RunEvent, Timeouts,
 };
-use crate::chat::Role;
+use crate::chat::{ChatMessage, Role};
 use crate::engine::Usage;
+use crate::tools::{new_call_id, ToolCall, ToolChoice, ToolFormat};
 
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Anthropic requires max_tokens; this is used when a request gives none.
@@ -136,6 +137,13 @@ impl ProviderEndpoint {
         }
     }
 
+    fn invalid(&self, message: impl Into<String>) -> ClientError {
+        ClientError::Invalid {
+            endpoint: self.id.clone(),
+            message: message.into(),
+        }
+    }
+
     fn common_fields(&self, body: &mut Value, o: &RequestOptions) {
         if let Some(t) = o.text.temperature {
             body["temperature"] = json!(t);
@@ -143,6 +151,10 @@ impl ProviderEndpoint {
         if let Some(p) = o.text.top_p {
             body["top_p"] = json!(p);
         }
+    }
+
+    /// The caller's extra fields, merged last: they win.
+    fn extra_fields(body: &mut Value, o: &RequestOptions) {
         for (k, v) in &o.provider.extra {
             body[k] = v.clone();
         }
@@ -179,6 +191,7 @@ impl ProviderEndpoint {
         }
         let mut body = self.openai_body(&req.options, false);
         body["prompt"] = json!(req.prompt);
+        Self::extra_fields(&mut body, &req.options);
         self.openai_run("/completions", body, req.options.stream, false)
             .await
     }
@@ -188,10 +201,32 @@ impl ProviderEndpoint {
             return self.anthropic_chat(req).await;
         }
         let mut body = self.openai_body(&req.options, true);
-        body["messages"] =
-            serde_json::to_value(&req.messages).map_err(|e| protocol(&self.id, e))?;
+        body["messages"] = self.openai_messages(&req.messages)?;
+        if !req.tools.is_empty() {
+            body["tools"] = serde_json::to_value(&req.tools).map_err(|e| protocol(&self.id, e))?;
+        }
+        if let Some(c) = &req.tool_choice {
+            body["tool_choice"] = serde_json::to_value(c).map_err(|e| protocol(&self.id, e))?;
+        }
+        if let Some(p) = req.parallel_tool_calls {
+            body["parallel_tool_calls"] = json!(p);
+        }
+        Self::extra_fields(&mut body, &req.options);
         self.openai_run("/chat/completions", body, req.options.stream, true)
             .await
+    }
+
+    /// The conversation in OpenAI's shape: the messages as they are (calls
+    /// in `tool_calls`, results as `tool` messages), without the reasoning
+    /// of earlier answers, which providers do not take back.
+    fn openai_messages(&self, messages: &[ChatMessage]) -> Result<Value, ClientError> {
+        let mut v = serde_json::to_value(messages).map_err(|e| protocol(&self.id, e))?;
+        for m in v.as_array_mut().into_iter().flatten() {
+            if let Some(o) = m.as_object_mut() {
+                o.remove("reasoning_content");
+            }
+        }
+        Ok(v)
     }
 
     async fn openai_run(
@@ -205,28 +240,59 @@ impl ProviderEndpoint {
         if !stream {
             let v: Value = resp.json().await.map_err(|e| protocol(&self.id, e))?;
             let choice = &v["choices"][0];
-            let text = if chat {
-                &choice["message"]["content"]
-            } else {
-                &choice["text"]
-            };
-            let text = text
-                .as_str()
-                .ok_or_else(|| protocol(&self.id, format!("no text in {v}")))?;
-            let (tx, _, run) = Run::channel();
-            let _ = tx.send(RunEvent::Done(Response {
-                text: text.to_string(),
-                finish_reason: choice["finish_reason"]
-                    .as_str()
-                    .unwrap_or("stop")
-                    .to_string(),
+            let mut r = Response {
+                finish_reason: openai_reason(choice["finish_reason"].as_str()),
                 usage: openai_usage(&v["usage"]),
-                stats: None,
-                logprobs: Vec::new(),
-            }));
+                ..Response::default()
+            };
+            if chat {
+                let m = &choice["message"];
+                if !m.is_object() {
+                    return Err(protocol(&self.id, format!("no message in {v}")));
+                }
+                r.text = match &m["content"] {
+                    Value::Null => String::new(),
+                    Value::String(s) => s.clone(),
+                    // Content parts: their texts.
+                    Value::Array(parts) => {
+                        parts.iter().filter_map(|p| p["text"].as_str()).collect()
+                    }
+                    other => {
+                        return Err(protocol(&self.id, format!("content {other} is not text")))
+                    }
+                };
+                r.reasoning = openai_reasoning(m).map(str::to_string);
+                for (i, c) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
+                    let name = c["function"]["name"].as_str().ok_or_else(|| {
+                        protocol(
+                            &self.id,
+                            format!("tool_calls[{i}] has no function name: {c}"),
+                        )
+                    })?;
+                    let id = c["id"]
+                        .as_str()
+                        .map_or_else(|| new_call_id(ToolFormat::Generic), str::to_string);
+                    r.tool_calls.push(ToolCall::new(
+                        id,
+                        name,
+                        arguments_text(&c["function"]["arguments"]),
+                    ));
+                }
+            } else {
+                r.text = choice["text"]
+                    .as_str()
+                    .ok_or_else(|| protocol(&self.id, format!("no text in {v}")))?
+                    .to_string();
+            }
+            finish_calls(&mut r);
+            let (tx, _, run) = Run::channel();
+            let _ = tx.send(RunEvent::Done(r));
             return Ok(run);
         }
         let id = self.id.clone();
+        // Streamed calls, by the provider's index: started (with the id and
+        // name), or arguments seen before the name.
+        let mut calls: HashMap<usize, StreamedCall> = HashMap::new();
         Ok(stream_run(
             &self.id,
             resp,
@@ -247,16 +313,23 @@ impl ProviderEndpoint {
                 }
                 let mut out = Vec::new();
                 if let Some(c) = v["choices"].get(0) {
-                    let t = if chat {
-                        &c["delta"]["content"]
-                    } else {
-                        &c["text"]
-                    };
+                    let d = &c["delta"];
+                    if chat {
+                        if let Some(t) = openai_reasoning(d) {
+                            out.push(Piece::Reasoning(t.to_string()));
+                        }
+                    }
+                    let t = if chat { &d["content"] } else { &c["text"] };
                     if let Some(t) = t.as_str().filter(|t| !t.is_empty()) {
                         out.push(Piece::Text(t.to_string()));
                     }
+                    let pieces = d["tool_calls"].as_array().into_iter().flatten();
+                    for (pos, tc) in pieces.enumerate() {
+                        let index = tc["index"].as_u64().map_or(pos, |i| i as usize);
+                        calls.entry(index).or_default().read(index, tc, &mut out);
+                    }
                     if let Some(r) = c["finish_reason"].as_str() {
-                        out.push(Piece::Finish(r.to_string()));
+                        out.push(Piece::Finish(openai_reason(Some(r))));
                     }
                 }
                 if v["usage"].is_object() {
@@ -267,24 +340,121 @@ impl ProviderEndpoint {
         ))
     }
 
-    async fn anthropic_chat(&self, req: ChatRequest) -> Result<Run, ClientError> {
-        let o = &req.options;
+    /// The conversation in Anthropic's shape: system messages joined into
+    /// `system`; an assistant's calls as `tool_use` blocks; tool results as
+    /// `tool_result` blocks of one user message (with the user's text that
+    /// follows them).
+    fn anthropic_messages(
+        &self,
+        msgs: &[ChatMessage],
+    ) -> Result<(Vec<String>, Vec<Value>), ClientError> {
         let mut system = Vec::new();
-        let mut messages = Vec::new();
-        for m in &req.messages {
+        let mut messages: Vec<Value> = Vec::new();
+        // Whether the last message is a user turn of tool results.
+        let mut results_open = false;
+        for (i, m) in msgs.iter().enumerate() {
+            let calls = m.tool_calls.as_deref().unwrap_or_default();
             match m.role {
-                Role::System => system.push(m.content.text()),
+                Role::System => system.push(m.text()),
+                Role::User if results_open => {
+                    if let Some(blocks) = messages
+                        .last_mut()
+                        .and_then(|l| l["content"].as_array_mut())
+                    {
+                        blocks.push(json!({"type": "text", "text": m.text()}));
+                    }
+                    results_open = false;
+                }
+                Role::Assistant if !calls.is_empty() => {
+                    let mut blocks = Vec::new();
+                    let text = m.text();
+                    if !text.is_empty() {
+                        blocks.push(json!({"type": "text", "text": text}));
+                    }
+                    for (j, c) in calls.iter().enumerate() {
+                        let args = c.function.arguments.trim();
+                        let input: Value = if args.is_empty() {
+                            json!({})
+                        } else {
+                            serde_json::from_str(args).map_err(|e| {
+                                self.invalid(format!(
+                                    "`messages[{i}].tool_calls[{j}].function.arguments` is not JSON: {e}"
+                                ))
+                            })?
+                        };
+                        if !input.is_object() {
+                            return Err(self.invalid(format!(
+                                "`messages[{i}].tool_calls[{j}].function.arguments` must be a JSON object"
+                            )));
+                        }
+                        blocks.push(json!({
+                            "type": "tool_use", "id": c.id, "name": c.function.name, "input": input,
+                        }));
+                    }
+                    messages.push(json!({"role": "assistant", "content": blocks}));
+                    results_open = false;
+                }
                 Role::User | Role::Assistant => {
-                    messages.push(json!({"role": m.role.as_str(), "content": m.content.text()}))
+                    messages.push(json!({"role": m.role.as_str(), "content": m.text()}));
+                    results_open = false;
                 }
                 Role::Tool => {
-                    return Err(self.unsupported(
-                        "chat",
-                        "tool messages are not supported on Anthropic endpoints",
-                    ))
+                    let id = m.tool_call_id.as_deref().ok_or_else(|| {
+                        self.invalid(format!(
+                            "`messages[{i}].tool_call_id` is required: Anthropic answers a call by its id"
+                        ))
+                    })?;
+                    let block =
+                        json!({"type": "tool_result", "tool_use_id": id, "content": m.text()});
+                    match messages
+                        .last_mut()
+                        .and_then(|l| l["content"].as_array_mut())
+                    {
+                        Some(blocks) if results_open => blocks.push(block),
+                        _ => messages.push(json!({"role": "user", "content": [block]})),
+                    }
+                    results_open = true;
                 }
             }
         }
+        Ok((system, messages))
+    }
+
+    /// Tools and the choice in Anthropic's shape.
+    fn anthropic_tools(req: &ChatRequest, body: &mut Value) {
+        if !req.tools.is_empty() {
+            let tools: Vec<Value> = req
+                .tools
+                .iter()
+                .map(|t| {
+                    let mut v = json!({"name": t.function.name, "input_schema": t.parameters()});
+                    if let Some(d) = &t.function.description {
+                        v["description"] = json!(d);
+                    }
+                    v
+                })
+                .collect();
+            body["tools"] = json!(tools);
+        }
+        let mut choice = match &req.tool_choice {
+            Some(ToolChoice::None) => json!({"type": "none"}),
+            Some(ToolChoice::Auto) => json!({"type": "auto"}),
+            Some(ToolChoice::Required) => json!({"type": "any"}),
+            Some(ToolChoice::Function(name)) => json!({"type": "tool", "name": name}),
+            None if req.parallel_tool_calls == Some(false) && !req.tools.is_empty() => {
+                json!({"type": "auto"})
+            }
+            None => return,
+        };
+        if req.parallel_tool_calls == Some(false) && choice["type"] != "none" {
+            choice["disable_parallel_tool_use"] = json!(true);
+        }
+        body["tool_choice"] = choice;
+    }
+
+    async fn anthropic_chat(&self, req: ChatRequest) -> Result<Run, ClientError> {
+        let o = &req.options;
+        let (system, messages) = self.anthropic_messages(&req.messages)?;
         if messages.is_empty() {
             return Err(ClientError::Invalid {
                 endpoint: self.id.clone(),
@@ -309,24 +479,37 @@ impl ProviderEndpoint {
             body["metadata"] = json!({"user_id": u});
         }
         self.common_fields(&mut body, o);
+        Self::anthropic_tools(&req, &mut body);
+        Self::extra_fields(&mut body, o);
         let resp = self.send("/v1/messages", &body, o.stream).await?;
         if !o.stream {
             let v: Value = resp.json().await.map_err(|e| protocol(&self.id, e))?;
-            let text: String = v["content"]
+            let blocks = v["content"]
                 .as_array()
-                .ok_or_else(|| protocol(&self.id, format!("no content in {v}")))?
-                .iter()
-                .filter(|b| b["type"] == "text")
-                .filter_map(|b| b["text"].as_str())
-                .collect();
-            let (tx, _, run) = Run::channel();
-            let _ = tx.send(RunEvent::Done(Response {
-                text,
+                .ok_or_else(|| protocol(&self.id, format!("no content in {v}")))?;
+            let mut r = Response {
                 finish_reason: anthropic_reason(v["stop_reason"].as_str()),
                 usage: anthropic_usage(&v["usage"], None),
-                stats: None,
-                logprobs: Vec::new(),
-            }));
+                ..Response::default()
+            };
+            for b in blocks {
+                match b["type"].as_str() {
+                    Some("text") => r.text.push_str(b["text"].as_str().unwrap_or_default()),
+                    Some("thinking") => r
+                        .reasoning
+                        .get_or_insert_with(String::new)
+                        .push_str(b["thinking"].as_str().unwrap_or_default()),
+                    Some("tool_use") => r.tool_calls.push(ToolCall::new(
+                        b["id"].as_str().unwrap_or_default(),
+                        b["name"].as_str().unwrap_or_default(),
+                        arguments_text(&b["input"]),
+                    )),
+                    _ => {}
+                }
+            }
+            finish_calls(&mut r);
+            let (tx, _, run) = Run::channel();
+            let _ = tx.send(RunEvent::Done(r));
             return Ok(run);
         }
         let id = self.id.clone();
@@ -353,10 +536,27 @@ impl ProviderEndpoint {
                         input = Some(v["message"]["usage"].clone());
                         Vec::new()
                     }
-                    "content_block_delta" if v["delta"]["type"] == "text_delta" => {
-                        vec![Piece::Text(
-                            v["delta"]["text"].as_str().unwrap_or_default().to_string(),
-                        )]
+                    "content_block_start" if v["content_block"]["type"] == "tool_use" => {
+                        let b = &v["content_block"];
+                        vec![Piece::CallStart {
+                            index: block_index(&v),
+                            id: b["id"].as_str().unwrap_or_default().to_string(),
+                            name: b["name"].as_str().unwrap_or_default().to_string(),
+                        }]
+                    }
+                    "content_block_delta" => {
+                        let d = &v["delta"];
+                        let s = |k: &str| d[k].as_str().unwrap_or_default().to_string();
+                        match d["type"].as_str() {
+                            Some("text_delta") => vec![Piece::Text(s("text"))],
+                            Some("thinking_delta") => vec![Piece::Reasoning(s("thinking"))],
+                            Some("input_json_delta") => vec![Piece::CallArguments {
+                                index: block_index(&v),
+                                fragment: s("partial_json"),
+                            }],
+                            // signature_delta, citations.
+                            _ => Vec::new(),
+                        }
                     }
                     "message_delta" => {
                         let mut out = Vec::new();
@@ -451,7 +651,94 @@ fn anthropic_reason(r: Option<&str>) -> String {
     match r {
         Some("max_tokens") => "length",
         Some("end_turn" | "stop_sequence") | None => "stop",
+        Some("tool_use") => "tool_calls",
         Some(other) => other,
     }
     .to_string()
+}
+
+/// The content block an Anthropic stream event is about.
+fn block_index(v: &Value) -> usize {
+    v["index"].as_u64().unwrap_or(0) as usize
+}
+
+fn openai_reason(r: Option<&str>) -> String {
+    match r {
+        // The legacy name.
+        Some("function_call") => "tool_calls",
+        Some(other) => other,
+        None => "stop",
+    }
+    .to_string()
+}
+
+/// The reasoning of an OpenAI-shaped message or delta: `reasoning_content`
+/// (DeepSeek, vLLM, llama.cpp) or `reasoning` (OpenRouter, Ollama).
+fn openai_reasoning(m: &Value) -> Option<&str> {
+    m["reasoning_content"]
+        .as_str()
+        .or_else(|| m["reasoning"].as_str())
+        .filter(|s| !s.is_empty())
+}
+
+/// Arguments as JSON text: a string as it is (OpenAI's shape), any other
+/// value (an object, as some compatible servers and Anthropic send them)
+/// written out.
+fn arguments_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// One call of an OpenAI stream, by the provider's index.
+#[derive(Default)]
+struct StreamedCall {
+    id: Option<String>,
+    started: bool,
+    /// Arguments that came before the name.
+    pending: String,
+}
+
+impl StreamedCall {
+    /// Reads a `delta.tool_calls` entry: the call starts once its name is
+    /// known (with its id, or a fresh one), and its arguments follow.
+    fn read(&mut self, index: usize, tc: &Value, out: &mut Vec<Piece>) {
+        if let Some(id) = tc["id"].as_str().filter(|s| !s.is_empty()) {
+            self.id.get_or_insert_with(|| id.to_string());
+        }
+        let f = &tc["function"];
+        if !self.started {
+            if let Some(name) = f["name"].as_str().filter(|s| !s.is_empty()) {
+                self.started = true;
+                out.push(Piece::CallStart {
+                    index,
+                    id: self
+                        .id
+                        .clone()
+                        .unwrap_or_else(|| new_call_id(ToolFormat::Generic)),
+                    name: name.to_string(),
+                });
+                if !self.pending.is_empty() {
+                    out.push(Piece::CallArguments {
+                        index,
+                        fragment: std::mem::take(&mut self.pending),
+                    });
+                }
+            }
+        }
+        let args = arguments_text(&f["arguments"]);
+        if args.is_empty() {
+            return;
+        }
+        if self.started {
+            out.push(Piece::CallArguments {
+                index,
+                fragment: args,
+            });
+        } else {
+            self.pending.push_str(&args);
+        }
+    }
 }

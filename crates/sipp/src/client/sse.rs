@@ -113,6 +113,25 @@ mod tests {
 pub(crate) enum Piece {
     /// New text.
     Text(String),
+    /// New reasoning text.
+    Reasoning(String),
+    /// A tool call started; `index` is the remote's (calls are numbered 0,
+    /// 1, ... in the order they start).
+    CallStart {
+        /// The remote's index of the call.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The function's name.
+        name: String,
+    },
+    /// More of a call's arguments.
+    CallArguments {
+        /// The remote's index of the call.
+        index: usize,
+        /// The piece (JSON text).
+        fragment: String,
+    },
     /// The finish reason.
     Finish(String),
     /// Token counts.
@@ -123,31 +142,112 @@ pub(crate) enum Piece {
     End,
 }
 
+/// The answer the pieces of a stream build.
+#[derive(Default)]
+struct Builder {
+    r: super::Response,
+    /// The remote's index of each call, in `r.tool_calls` order.
+    indexes: Vec<usize>,
+}
+
+impl Builder {
+    /// Adds a piece; returns the event to stream, if any.
+    fn apply(&mut self, p: Piece) -> Option<super::RunEvent> {
+        use super::RunEvent;
+        Some(match p {
+            Piece::Text(t) | Piece::Reasoning(t) if t.is_empty() => return None,
+            Piece::Text(t) => {
+                self.r.text.push_str(&t);
+                RunEvent::Delta(t)
+            }
+            Piece::Reasoning(t) => {
+                self.r
+                    .reasoning
+                    .get_or_insert_with(String::new)
+                    .push_str(&t);
+                RunEvent::Reasoning(t)
+            }
+            Piece::CallStart { index, id, name } => {
+                self.indexes.push(index);
+                self.r
+                    .tool_calls
+                    .push(crate::tools::ToolCall::new(id.clone(), name.clone(), ""));
+                RunEvent::ToolCallStart {
+                    index: self.indexes.len() - 1,
+                    id,
+                    name,
+                }
+            }
+            Piece::CallArguments { index, fragment } => {
+                let at = self.indexes.iter().rposition(|&i| i == index)?;
+                self.r.tool_calls[at].function.arguments.push_str(&fragment);
+                RunEvent::ToolCallArguments {
+                    index: at,
+                    fragment,
+                }
+            }
+            Piece::Finish(f) => {
+                self.r.finish_reason = f;
+                return None;
+            }
+            Piece::Usage(u) => {
+                self.r.usage = u;
+                return None;
+            }
+            Piece::Done(_) | Piece::End => return None,
+        })
+    }
+
+    /// The answer: a call without arguments has `{}`, and an answer that
+    /// called tools and stopped by itself finished with `tool_calls`.
+    fn finish(&mut self) -> super::Response {
+        let mut r = std::mem::take(&mut self.r);
+        finish_calls(&mut r);
+        r
+    }
+}
+
+/// Fills in what a remote may leave out of an answer with calls: `{}` as
+/// the arguments of a call without any, and `tool_calls` as the finish reason
+/// of an answer that called and stopped.
+pub(crate) fn finish_calls(r: &mut super::Response) {
+    for c in &mut r.tool_calls {
+        if c.function.arguments.trim().is_empty() {
+            c.function.arguments = "{}".into();
+        }
+    }
+    if !r.tool_calls.is_empty() && matches!(r.finish_reason.as_str(), "stop" | "eos") {
+        r.finish_reason = "tool_calls".into();
+    }
+}
+
 /// Turns a streamed response into a run: `parse` maps each event onto pieces;
-/// text is streamed when `stream_text`; a cancelled run closes the connection
-/// (which the remote takes as a cancellation) and reports what it had.
+/// text, reasoning and calls are streamed when `stream`; a cancelled run
+/// closes the connection (which the remote takes as a cancellation) and
+/// reports what it had.
 pub(crate) fn stream_run<F>(
     id: &str,
     resp: reqwest::Response,
     read_timeout: Duration,
-    stream_text: bool,
+    stream: bool,
     mut parse: F,
 ) -> super::Run
 where
     F: FnMut(&SseEvent) -> Result<Vec<Piece>, super::ClientError> + Send + 'static,
 {
-    use super::{gateway::protocol, gateway::transport, Response, Run, RunEvent};
+    use super::{gateway::protocol, gateway::transport, Run, RunEvent};
     let (tx, cancel, run) = Run::channel();
     let id = id.to_string();
     tokio::spawn(async move {
         let mut bytes = resp.bytes_stream();
         let mut dec = SseDecoder::default();
-        let mut r = Response::default();
+        let mut b = Builder::default();
         loop {
             let batch = tokio::select! {
                 b = next_events(&mut bytes, &mut dec, read_timeout) => b,
                 () = cancel.cancelled() => {
                     drop(bytes);
+                    let mut r = b.finish();
                     r.finish_reason = "cancelled".into();
                     let _ = tx.send(RunEvent::Done(r));
                     return;
@@ -171,34 +271,33 @@ where
                 };
                 for p in pieces {
                     match p {
-                        Piece::Text(t) => {
-                            r.text.push_str(&t);
-                            if stream_text {
-                                let _ = tx.send(RunEvent::Delta(t));
-                            }
-                        }
-                        Piece::Finish(f) => r.finish_reason = f,
-                        Piece::Usage(u) => r.usage = u,
                         Piece::Done(full) => {
                             let _ = tx.send(RunEvent::Done(full));
                             return;
                         }
                         Piece::End => {
-                            let _ = tx.send(RunEvent::Done(std::mem::take(&mut r)));
+                            let _ = tx.send(RunEvent::Done(b.finish()));
                             return;
+                        }
+                        p => {
+                            if let Some(ev) = b.apply(p) {
+                                if stream {
+                                    let _ = tx.send(ev);
+                                }
+                            }
                         }
                     }
                 }
             }
         }
         // Some servers end the stream without a closing event.
-        if r.finish_reason.is_empty() {
+        if b.r.finish_reason.is_empty() {
             let _ = tx.send(RunEvent::Error(protocol(
                 &id,
                 "the stream ended before the answer finished",
             )));
         } else {
-            let _ = tx.send(RunEvent::Done(r));
+            let _ = tx.send(RunEvent::Done(b.finish()));
         }
     });
     run

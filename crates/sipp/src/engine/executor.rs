@@ -197,7 +197,17 @@ impl<B: Backend> Executor<B> {
             return SpanResult::Failed(EngineError::Decode("the slot has no sampler".into()));
         };
         let mut tokens = Vec::with_capacity(span.outputs.len());
-        for &o in &span.outputs {
+        for (k, &o) in span.outputs.iter().enumerate() {
+            if let (Some(t), true) = (span.forced, k + 1 == span.outputs.len()) {
+                let s = self
+                    .backend
+                    .accept_forced(sampler, first_row + o, t, span.logprobs);
+                tokens.push(SampledToken {
+                    token: s.token,
+                    logprobs: s.logprobs,
+                });
+                continue;
+            }
             match self.backend.sample(sampler, first_row + o, span.logprobs) {
                 Ok(s) => tokens.push(SampledToken {
                     token: s.token,

@@ -14,11 +14,11 @@ pub mod validate;
 pub use self::core::EngineCore;
 pub use executor::Executor;
 pub use metrics::{EngineMetrics, MetricsSnapshot};
-pub use prepare::{EngineInfo, RequestPreparer};
+pub use prepare::{EngineInfo, PreparedTurn, RequestPreparer, TemplateCaps};
 pub use request::{
     Completion, EmbedRequest, EmbeddingOutput, EngineError, EventSink, GenerateRequest,
-    GenerateSpec, PreparedKind, PreparedRequest, PromptInput, QueuePlace, RequestEvent,
-    RequestStats, TextDelta, TokenLogprobs, Usage,
+    GenerateSpec, PreparedKind, PreparedRequest, PromptInput, QueuePlace, ReasoningBudget,
+    ReasoningBudgetRequest, RequestEvent, RequestStats, TextDelta, TokenLogprobs, Usage,
 };
 pub use validate::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};
 
@@ -209,6 +209,29 @@ impl Engine {
     /// The prompt tokens of a conversation, rendered with the model's template.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
         self.inner.preparer.chat_prompt(messages)
+    }
+
+    /// Renders and tokenizes a chat answer with tools and reasoning: the
+    /// prompt, the grammar its calls need and the parser of its output.
+    pub fn prepare_turn(
+        &self,
+        turn: &crate::tools::turn::ChatTurn<'_>,
+    ) -> Result<PreparedTurn, EngineError> {
+        self.inner.preparer.prepare_turn(turn)
+    }
+
+    /// [`Self::prepare_turn`] without tokenizing: the rendered prompt text and
+    /// the turn (with an empty prompt).
+    pub fn render_turn(
+        &self,
+        turn: &crate::tools::turn::ChatTurn<'_>,
+    ) -> Result<(String, PreparedTurn), EngineError> {
+        self.inner.preparer.render_turn(turn)
+    }
+
+    /// What the model's chat template does with tools, if it has one.
+    pub fn template_caps(&self) -> Option<TemplateCaps> {
+        self.inner.preparer.template_caps()
     }
 
     /// Submits a chat: the conversation is rendered with the model's chat

@@ -6,11 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
 use crate::config::NativeRuntimeConfig;
 use crate::runtime::{Backend, ModelInfo, Pooling, Token, Vocab};
+use crate::sampling::OutputConstraint;
 use crate::sampling::{BiasTarget, LogitBias, SamplingParams};
 use crate::scheduler::RequestId;
+use crate::tools::turn::ChatTurn;
+use crate::tools::{format, grammar, OutputParser, ToolFormat};
 
 use super::validate;
 use super::{
@@ -73,6 +76,68 @@ pub struct RequestPreparer {
     info: Arc<EngineInfo>,
     eog_tokens: Arc<Vec<Token>>,
     chat_template: Arc<Result<ChatTemplate, ChatError>>,
+    caps: Option<TemplateCaps>,
+}
+
+/// What the model's chat template does with tools and reasoning, found once
+/// when the engine starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateCaps {
+    /// How its family writes calls.
+    pub format: ToolFormat,
+    /// It renders tools, calls and tool results itself; otherwise sipp's
+    /// fallback ([`format::fallback_messages`]) rewrites the conversation.
+    pub native_tools: bool,
+    /// It renders a system message.
+    pub system_role: bool,
+    /// It knows `<think>` blocks.
+    pub reasoning: bool,
+}
+
+impl TemplateCaps {
+    /// The capabilities of a compiled template.
+    pub fn of(t: &ChatTemplate) -> Self {
+        let format = ToolFormat::detect(t.source());
+        let native = t.renders_tools();
+        Self {
+            // A template that renders tools but writes no known marker gets
+            // the fallback's format and instructions.
+            native_tools: native && format != ToolFormat::Generic && format != ToolFormat::Pythonic,
+            format,
+            system_role: t.renders_system(),
+            reasoning: t.source().contains("<think>"),
+        }
+    }
+}
+
+/// A chat answer ready to submit: its prompt, the constraint its tool calls
+/// need, and the parser of its output.
+#[derive(Debug, Clone)]
+pub struct PreparedTurn {
+    /// The rendered and tokenized conversation.
+    pub prompt: PromptInput,
+    /// The grammar of calls (lazy under `auto`), if the model may call.
+    pub constraint: Option<OutputConstraint>,
+    /// A parser for one answer (clone it per choice).
+    pub parser: OutputParser,
+    /// How the model writes calls.
+    pub format: ToolFormat,
+    /// The prompt ends inside an open `<think>` block.
+    pub starts_inside: bool,
+}
+
+impl PreparedTurn {
+    /// A cap of `max_tokens` on the answer's `<think>` block (`None` for a
+    /// negative count: no cap, as llama-server's `-1`).
+    pub fn reasoning_budget(&self, max_tokens: i64) -> Option<super::ReasoningBudgetRequest> {
+        u32::try_from(max_tokens)
+            .ok()
+            .map(|max_tokens| super::ReasoningBudgetRequest {
+                max_tokens,
+                close: "\n</think>\n\n".into(),
+                starts_inside: self.starts_inside,
+            })
+    }
 }
 
 impl std::fmt::Debug for RequestPreparer {
@@ -111,12 +176,89 @@ impl RequestPreparer {
             ),
             None => Err(ChatError::NoTemplate),
         };
+        let caps = chat_template.as_ref().ok().map(TemplateCaps::of);
         Self {
             vocab,
             info: Arc::new(info),
             eog_tokens: Arc::new(eog_tokens),
             chat_template: Arc::new(chat_template),
+            caps,
         }
+    }
+
+    /// What the model's template does with tools, if it has a template.
+    pub fn template_caps(&self) -> Option<TemplateCaps> {
+        self.caps
+    }
+
+    /// Renders and tokenizes a chat answer with tools: the conversation as the
+    /// template (or the fallback) shows it, the grammar its calls need, and a
+    /// parser for its output. Tools, the choice and the call history are
+    /// checked first; errors name the field.
+    pub fn prepare_turn(&self, turn: &ChatTurn<'_>) -> Result<PreparedTurn, EngineError> {
+        let (text, turn_out) = self.render_turn(turn)?;
+        Ok(PreparedTurn {
+            prompt: self.chat_text_tokens(&text)?,
+            ..turn_out
+        })
+    }
+
+    /// [`Self::prepare_turn`] without tokenizing: the rendered prompt text, and
+    /// the turn with an empty prompt.
+    pub fn render_turn(&self, turn: &ChatTurn<'_>) -> Result<(String, PreparedTurn), EngineError> {
+        let template = self.chat_template.as_ref().as_ref().map_err(Clone::clone)?;
+        let caps = self.caps.unwrap_or(TemplateCaps {
+            format: ToolFormat::Generic,
+            native_tools: false,
+            system_role: true,
+            reasoning: false,
+        });
+        turn.tools.validate()?;
+        format::check_history(turn.messages)?;
+        let shown: &[crate::tools::Tool] = if turn.tools.may_call() {
+            &turn.tools.tools
+        } else {
+            &[]
+        };
+        let text = if caps.native_tools {
+            template.render_with(
+                turn.messages,
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    tools: (!shown.is_empty()).then_some(shown),
+                    kwargs: turn.kwargs,
+                },
+            )?
+        } else {
+            let messages = format::fallback_messages(
+                turn.messages,
+                shown,
+                caps.format,
+                turn.tools.parallel,
+                caps.system_role,
+            )?;
+            template.render_with(
+                &messages,
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    tools: None,
+                    kwargs: turn.kwargs,
+                },
+            )?
+        };
+        let starts_inside = caps.reasoning && text.trim_end().ends_with("<think>");
+        // Splitting is on by default even for templates that never say
+        // <think>: it costs nothing when the model does not think.
+        let reasoning = turn.reasoning;
+        let prepared = PreparedTurn {
+            prompt: PromptInput::Tokens(Vec::new()),
+            constraint: grammar::call_grammar(caps.format, turn.tools)
+                .map(OutputConstraint::Composed),
+            parser: OutputParser::new(caps.format, turn.tools.may_call(), reasoning, starts_inside),
+            format: caps.format,
+            starts_inside,
+        };
+        Ok((text, prepared))
     }
 
     /// Renders a conversation with the model's chat template.
@@ -135,9 +277,14 @@ impl RequestPreparer {
     /// BOS added only when the model wants one and the template did not write it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
         let text = self.render_chat(messages, true)?;
+        self.chat_text_tokens(&text)
+    }
+
+    /// The tokens of a rendered conversation.
+    fn chat_text_tokens(&self, text: &str) -> Result<PromptInput, EngineError> {
         let mut tokens = self
             .vocab
-            .tokenize(&text, false, true)
+            .tokenize(text, false, true)
             .map_err(|e| EngineError::Tokenize(e.to_string()))?;
         if let Some(bos) = self.info.model.bos {
             if self.info.model.add_bos && tokens.first() != Some(&bos) {
@@ -227,6 +374,17 @@ impl RequestPreparer {
                 }));
         }
         let seed = sampling.seed.unwrap_or_else(random_seed);
+        let reasoning_budget = match &req.reasoning_budget {
+            Some(b) => Some(super::ReasoningBudget {
+                max_tokens: b.max_tokens as usize,
+                close: self
+                    .vocab
+                    .tokenize(&b.close, false, true)
+                    .map_err(|e| EngineError::Tokenize(e.to_string()))?,
+                starts_inside: b.starts_inside,
+            }),
+            None => None,
+        };
         Ok(PreparedRequest {
             id,
             kind: PreparedKind::Generate(GenerateSpec {
@@ -237,6 +395,7 @@ impl RequestPreparer {
                 seed,
                 constraint: req.constraint,
                 logprobs: req.logprobs.map(|n| n as usize),
+                reasoning_budget,
             }),
             prompt,
             context_key: req.context_key,

@@ -66,6 +66,8 @@ pub struct GenerateRequest {
     pub add_special: bool,
     /// Turn special-token text in a text prompt into special tokens.
     pub parse_special: bool,
+    /// A cap on `<think>` reasoning (see [`ReasoningBudget`]).
+    pub reasoning_budget: Option<ReasoningBudgetRequest>,
 }
 
 impl GenerateRequest {
@@ -84,6 +86,7 @@ impl GenerateRequest {
             repeatable: false,
             add_special: true,
             parse_special: true,
+            reasoning_budget: None,
         }
     }
 
@@ -330,6 +333,9 @@ pub enum EngineError {
     /// The conversation could not be rendered.
     #[error(transparent)]
     Chat(#[from] crate::chat::ChatError),
+    /// Tools, a tool choice or tool history that cannot be used.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolError),
     /// The engine has stopped.
     #[error("the engine has stopped")]
     EngineStopped,
@@ -355,6 +361,33 @@ pub struct GenerateSpec {
     pub constraint: Option<OutputConstraint>,
     /// Top-n log-probabilities, when asked for.
     pub logprobs: Option<usize>,
+    /// A cap on the tokens of a `<think>` block.
+    pub reasoning_budget: Option<ReasoningBudget>,
+}
+
+/// A cap on reasoning: once the generation has `max_tokens` tokens and is
+/// still inside a `<think>` block (opened by the prompt, or first thing in
+/// the answer), the tokens of `close` are forced, one per step, and the
+/// answer follows. The sampler sees them as if it had picked them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReasoningBudget {
+    /// Most tokens of reasoning (at least one token is always sampled).
+    pub max_tokens: usize,
+    /// The tokens that close the block.
+    pub close: Vec<crate::runtime::Token>,
+    /// The prompt opened the block.
+    pub starts_inside: bool,
+}
+
+/// A reasoning budget as a request asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReasoningBudgetRequest {
+    /// Most tokens of reasoning.
+    pub max_tokens: u32,
+    /// The text that closes the block (`"\n</think>\n\n"`).
+    pub close: String,
+    /// The prompt opened the block.
+    pub starts_inside: bool,
 }
 
 /// What a prepared request asks for.

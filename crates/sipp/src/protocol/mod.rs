@@ -8,8 +8,10 @@
 //! ([`crate::engine::validate`]); [`FieldNames`] tells how a request calls the
 //! engine's fields, for errors to name the field the user sent.
 
+pub mod anthropic;
 pub mod native;
 pub mod openai;
+pub mod responses;
 
 use crate::engine::{EngineError, GenerateRequest, PromptInput};
 use crate::sampling::{BiasTarget, LogitBias, OutputConstraint, SamplingParams};

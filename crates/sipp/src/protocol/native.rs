@@ -7,6 +7,8 @@ use crate::chat::ChatMessage;
 use crate::engine::{RequestStats, Usage};
 use crate::runtime::Pooling;
 use crate::sampling::SamplingParams;
+use crate::tools::turn::ReasoningFormat;
+use crate::tools::{Tool, ToolCall, ToolChoice};
 
 /// Options shared by query and chat requests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -73,16 +75,36 @@ pub struct QueryBody {
 }
 
 /// POST /v1/chat.
+///
+/// Tools are optional: with them the answer's calls come back in
+/// [`GenerationBody::tool_calls`] (streamed as `tool_call_start` and
+/// `tool_call_arguments` events) and `finish_reason` is `tool_calls`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatBody {
     /// Model id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The conversation.
+    /// The conversation (OpenAI's message shape, with `tool_calls` and
+    /// `tool` messages).
     pub messages: Vec<ChatMessage>,
     /// Stream server-sent events.
     #[serde(default)]
     pub stream: bool,
+    /// Tools the model may call (OpenAI's shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Tool>>,
+    /// Whether and which tool must be called (OpenAI's shape; default `auto`
+    /// with tools, `none` without).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Several calls in one answer (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// `split`: `<think>` blocks go to [`GenerationBody::reasoning`] (and
+    /// `reasoning` stream events); `none` (the default, as before these
+    /// existed): they stay in the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_format: Option<ReasoningFormat>,
     /// Options.
     #[serde(flatten)]
     pub options: TextOptions,
@@ -106,10 +128,17 @@ pub struct LogprobEntry {
 pub struct GenerationBody {
     /// Model id.
     pub model: String,
-    /// Generated text.
+    /// Generated text (of a chat: the answer, without reasoning and calls).
     pub text: String,
-    /// stop, eos, length, cancelled or error.
+    /// stop, eos, length, cancelled, error, or tool_calls (a chat that
+    /// called tools and ended there).
     pub finish_reason: String,
+    /// The calls a chat's answer made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The reasoning before the answer (with `reasoning_format: "split"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     /// Token counts.
     pub usage: Usage,
     /// Timing (local endpoints).
@@ -120,7 +149,9 @@ pub struct GenerationBody {
     pub logprobs: Vec<LogprobEntry>,
 }
 
-/// One server-sent event of a streamed query or chat.
+/// One server-sent event of a streamed query or chat. A chat sends
+/// `reasoning` events only when asked to split reasoning, and call events
+/// only when it has tools.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
@@ -128,6 +159,27 @@ pub enum StreamEvent {
     Delta {
         /// The text.
         text: String,
+    },
+    /// New reasoning text.
+    Reasoning {
+        /// The text.
+        text: String,
+    },
+    /// Tool call `index` (0, 1, ...) started.
+    ToolCallStart {
+        /// Which call.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The function's name.
+        name: String,
+    },
+    /// The next piece of call `index`'s arguments (JSON text).
+    ToolCallArguments {
+        /// Which call.
+        index: usize,
+        /// The piece.
+        fragment: String,
     },
     /// The end, with the whole answer.
     Done(GenerationBody),

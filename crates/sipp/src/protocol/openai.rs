@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::chat::ChatMessage;
+use crate::tools::turn::ReasoningFormat;
+use crate::tools::{Tool, ToolChoice};
 
 /// `prompt`: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -273,9 +275,32 @@ pub struct ChatCompletionRequest {
     /// Output format.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
-    /// Tools (not supported).
+    /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<serde_json::Value>,
+    pub tools: Option<Vec<Tool>>,
+    /// Whether and which tool must be called (`auto` when tools are given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Several calls in one answer (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// `<think>` blocks: `none` leaves them in the content, `split` (or
+    /// llama-server's `auto`, `deepseek`) puts them in `reasoning_content`
+    /// (extension; default split).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "reasoning_format"
+    )]
+    pub reasoning_format: Option<ReasoningFormat>,
+    /// Most tokens of `<think>` reasoning before the block is closed for the
+    /// answer (extension; -1: no cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_budget: Option<i64>,
+    /// Extra chat-template variables, e.g. `{"enable_thinking": false}`
+    /// (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Sampling and extension fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
@@ -361,15 +386,78 @@ pub struct CompletionResponse {
     pub usage: Option<UsageBody>,
 }
 
+/// llama-server's names for the reasoning formats.
+fn reasoning_format<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<ReasoningFormat>, D::Error> {
+    use serde::de::Error;
+    match Option::<String>::deserialize(d)?.as_deref() {
+        None => Ok(None),
+        Some("none") => Ok(Some(ReasoningFormat::None)),
+        Some("split" | "auto" | "deepseek" | "deepseek-legacy") => Ok(Some(ReasoningFormat::Split)),
+        Some(other) => Err(D::Error::custom(format!(
+            "reasoning_format must be \"none\" or \"split\" (or \"auto\", \"deepseek\"), got {other:?}"
+        ))),
+    }
+}
+
 /// A chat message in a response.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResponseMessage {
     /// "assistant" (only in the first delta when streaming).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
-    /// Text.
+    /// Text (null in a message that only calls tools).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The reasoning before the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Calls (whole in a message, in pieces in stream deltas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ResponseToolCall>>,
+}
+
+/// A call in a response message, or a piece of one in a stream delta: the
+/// first piece has the index, id, type and name, later ones more arguments.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseToolCall {
+    /// Which call (stream deltas only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// Its id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// "function".
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The function, or the piece of it.
+    pub function: FunctionPiece,
+}
+
+/// A called function, or a piece of one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionPiece {
+    /// Its name (first piece).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Arguments (JSON text, or the next piece of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+impl From<&crate::tools::ToolCall> for ResponseToolCall {
+    fn from(c: &crate::tools::ToolCall) -> Self {
+        Self {
+            index: None,
+            id: Some(c.id.clone()),
+            kind: Some(c.kind.clone()),
+            function: FunctionPiece {
+                name: Some(c.function.name.clone()),
+                arguments: Some(c.function.arguments.clone()),
+            },
+        }
+    }
 }
 
 /// One alternative token.

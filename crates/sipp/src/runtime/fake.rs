@@ -515,6 +515,18 @@ impl Backend for FakeBackend {
         Ok(Sampled { token, logprobs })
     }
 
+    fn accept_forced(
+        &mut self,
+        sampler: &mut Self::Sampler,
+        row: usize,
+        token: Token,
+        top_logprobs: Option<usize>,
+    ) -> Sampled {
+        sampler.accepted += 1;
+        let logprobs = top_logprobs.map(|n| logprobs_from_logits(self.logits(row), token, n));
+        Sampled { token, logprobs }
+    }
+
     fn kv_truncate(&mut self, seq: SeqId, from: u32) {
         for slot in &mut self.cells {
             if let Some(c) = slot {

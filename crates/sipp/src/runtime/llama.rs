@@ -474,6 +474,21 @@ fn build_grammar(
         OutputConstraint::Grammar(g) => (g.clone(), false),
         OutputConstraint::JsonObject => (bounds.json_object_grammar(), false),
         OutputConstraint::JsonSchema(s) => (schema_to_gbnf(s, bounds)?, true),
+        OutputConstraint::Composed(c) => {
+            let converted = c
+                .schemas
+                .iter()
+                .map(|s| schema_to_gbnf(s, bounds))
+                .collect::<Result<Vec<_>, _>>()?;
+            let gbnf = c.assemble(&converted);
+            if !c.triggers.is_empty() {
+                return LlamaSampler::grammar_lazy_patterns(model, &gbnf, "root", &c.triggers, &[])
+                    .map_err(|e| {
+                        SamplingError::Schema(format!("the tool-call grammar was rejected: {e}"))
+                    });
+            }
+            (gbnf, true)
+        }
     };
     if gbnf.trim().is_empty() {
         return Err(SamplingError::Grammar("the grammar is empty".into()));
@@ -762,6 +777,22 @@ impl Backend for LlamaRuntime {
         let logprobs = top_logprobs
             .map(|n| logprobs_from_logits(self.ctx.get_logits_ith(row as i32), token, n));
         Ok(Sampled { token, logprobs })
+    }
+
+    fn accept_forced(
+        &mut self,
+        sampler: &mut Self::Sampler,
+        row: usize,
+        token: Token,
+        top_logprobs: Option<usize>,
+    ) -> Sampled {
+        sampler.chain.accept(LlamaToken(token));
+        if let Some(g) = &mut sampler.grammar {
+            g.accept(LlamaToken(token));
+        }
+        let logprobs = top_logprobs
+            .map(|n| logprobs_from_logits(self.ctx.get_logits_ith(row as i32), token, n));
+        Sampled { token, logprobs }
     }
 
     fn kv_truncate(&mut self, seq: SeqId, from: u32) {

@@ -296,6 +296,16 @@ pub trait Backend {
         top_logprobs: Option<usize>,
     ) -> Result<Sampled, SampleError>;
 
+    /// Feeds the sampler a token it did not pick (a forced token) as if it had
+    /// picked it from output row `row`, with that row's log-probabilities.
+    fn accept_forced(
+        &mut self,
+        sampler: &mut Self::Sampler,
+        row: usize,
+        token: Token,
+        top_logprobs: Option<usize>,
+    ) -> Sampled;
+
     /// Removes positions `from..` of a sequence.
     fn kv_truncate(&mut self, seq: SeqId, from: u32);
     /// Makes `dst` share `src`'s cells for positions `0..len` (`dst` must be empty).

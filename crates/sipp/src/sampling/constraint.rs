@@ -12,6 +12,111 @@ pub enum OutputConstraint {
     JsonObject,
     /// A JSON document valid against this JSON schema.
     JsonSchema(serde_json::Value),
+    /// A grammar built around JSON schemas (tool calls), optionally lazy.
+    Composed(ComposedGrammar),
+}
+
+/// GBNF whose rules use converted JSON schemas: schema `k` is converted with
+/// llama.cpp's converter (under the request's JSON bounds), every one of its
+/// rules is renamed with the prefix `s{k}-` (see [`prefix_rules`]), and `gbnf`
+/// refers to its root as `s{k}-root`. With `triggers`, the grammar is lazy:
+/// text is free until one of these regular expressions matches what was
+/// generated (llama.cpp's lazy grammar: `^...$` matches the whole text, any
+/// other pattern is searched for), and the grammar applies from the first
+/// capture group's start (or the match's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComposedGrammar {
+    /// The grammar, with a `root` rule.
+    pub gbnf: String,
+    /// The schemas it refers to.
+    pub schemas: Vec<serde_json::Value>,
+    /// Lazy-grammar trigger patterns; empty: the grammar applies from the
+    /// first token.
+    pub triggers: Vec<String>,
+}
+
+impl ComposedGrammar {
+    /// The whole grammar, given each schema converted to GBNF (in order).
+    pub fn assemble(&self, converted: &[String]) -> String {
+        let mut out = self.gbnf.trim_end().to_string();
+        out.push('\n');
+        for (k, g) in converted.iter().enumerate() {
+            out.push_str(&prefix_rules(g, &format!("s{k}-")));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Renames every rule of a GBNF grammar (definitions and references) by
+/// putting `prefix` before its name, so that several converted grammars can
+/// live in one. String literals, character classes and comments are left
+/// as they are.
+pub fn prefix_rules(gbnf: &str, prefix: &str) -> String {
+    let mut out = String::with_capacity(gbnf.len() * 2);
+    let mut chars = gbnf.chars().peekable();
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    while let Some(c) = chars.next() {
+        match c {
+            '"' | '[' => {
+                let close = if c == '"' { '"' } else { ']' };
+                out.push(c);
+                while let Some(d) = chars.next() {
+                    out.push(d);
+                    if d == '\\' {
+                        if let Some(e) = chars.next() {
+                            out.push(e);
+                        }
+                    } else if d == close {
+                        break;
+                    }
+                }
+            }
+            '#' => {
+                out.push(c);
+                for d in chars.by_ref() {
+                    out.push(d);
+                    if d == '\n' {
+                        break;
+                    }
+                }
+            }
+            '<' => {
+                // A token reference such as <[123]> or <think>: not a rule.
+                out.push(c);
+                for d in chars.by_ref() {
+                    out.push(d);
+                    if d == '>' {
+                        break;
+                    }
+                }
+            }
+            c if is_name(c) && !c.is_ascii_digit() => {
+                out.push_str(prefix);
+                out.push(c);
+                while let Some(&d) = chars.peek() {
+                    if !is_name(d) {
+                        break;
+                    }
+                    out.push(d);
+                    chars.next();
+                }
+            }
+            c if c.is_ascii_digit() => {
+                // Repetition counts ({0,20}) stay numbers.
+                out.push(c);
+                while let Some(&d) = chars.peek() {
+                    if !d.is_ascii_digit() {
+                        break;
+                    }
+                    out.push(d);
+                    chars.next();
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Keywords that only annotate a schema; they constrain nothing.
@@ -190,6 +295,7 @@ impl OutputConstraint {
                 crate::sampling::SamplingError::Grammar("the grammar is empty".into()),
             ),
             OutputConstraint::JsonSchema(s) => check_schema_supported(s),
+            OutputConstraint::Composed(c) => c.schemas.iter().try_for_each(check_schema_supported),
             _ => Ok(()),
         }
     }
@@ -198,6 +304,16 @@ impl OutputConstraint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rule_prefixes_leave_literals_classes_and_counts_alone() {
+        let g = "root ::= \"a b\" item{0,20} # note root\nitem ::= [a-z\\]] | \"\\\"x\" space\nspace ::= | \" \"";
+        let p = prefix_rules(g, "s0-");
+        assert_eq!(
+            p,
+            "s0-root ::= \"a b\" s0-item{0,20} # note root\ns0-item ::= [a-z\\]] | \"\\\"x\" s0-space\ns0-space ::= | \" \""
+        );
+    }
     use serde_json::json;
 
     #[test]

@@ -15,7 +15,7 @@ pub use chain::{
     look_back, sampler_chain, sampler_plan, ChainStage, GrammarPlacement, SamplerPlan, MIN_KEEP,
     MIROSTAT_M,
 };
-pub use constraint::{check_schema_supported, OutputConstraint};
+pub use constraint::{check_schema_supported, prefix_rules, ComposedGrammar, OutputConstraint};
 pub use pool::SamplerPool;
 
 use serde::{Deserialize, Serialize};

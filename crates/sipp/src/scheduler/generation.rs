@@ -18,6 +18,8 @@ pub struct Generation {
     pub tokens: Vec<Token>,
     /// Their log-probabilities, when asked for.
     pub logprobs: Vec<TokenLogprobs>,
+    /// Tokens to feed next instead of sampling (a reasoning budget's close).
+    forced: std::collections::VecDeque<Token>,
 }
 
 /// What accepting a token produced.
@@ -40,6 +42,27 @@ impl Generation {
             text: String::new(),
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            forced: Default::default(),
+        }
+    }
+
+    /// The token the next step must produce instead of sampling, if any.
+    pub fn forced_next(&self) -> Option<Token> {
+        self.forced.front().copied()
+    }
+
+    /// At the reasoning budget: still inside the `<think>` block, force its
+    /// close. Checked once, when the generation reaches the budget.
+    fn check_budget(&mut self) {
+        let Some(b) = &self.spec.reasoning_budget else {
+            return;
+        };
+        if self.tokens.len() != b.max_tokens.max(1) {
+            return;
+        }
+        let opened = b.starts_inside || self.text.trim_start().starts_with("<think>");
+        if opened && !self.text.contains("</think>") {
+            self.forced = b.close.iter().copied().collect();
         }
     }
 
@@ -54,6 +77,9 @@ impl Generation {
         context_len: usize,
         n_ctx: usize,
     ) -> Accepted {
+        if self.forced.front() == Some(&token) {
+            self.forced.pop_front();
+        }
         self.tokens.push(token);
         let mut delta = TextDelta {
             tokens: vec![token],
@@ -82,6 +108,7 @@ impl Generation {
             }
         };
         self.text.push_str(&delta.text);
+        self.check_budget();
         Accepted {
             delta,
             finish,
@@ -124,6 +151,7 @@ mod tests {
             seed: 0,
             constraint: None,
             logprobs: None,
+            reasoning_budget: None,
         }
     }
 
@@ -191,5 +219,41 @@ mod tests {
         let tail = g.end(FinishReason::Length).expect("held text released");
         assert_eq!(tail.text, "y");
         assert_eq!(g.text, "xy");
+    }
+
+    #[test]
+    fn a_reasoning_budget_forces_the_close_once_only_inside_a_block() {
+        let v = vocab();
+        let (a, x, y) = (
+            token_of(v.as_ref(), "a"),
+            token_of(v.as_ref(), "x"),
+            token_of(v.as_ref(), "y"),
+        );
+        let budget = |starts_inside| {
+            let mut s = spec(50, &[], false);
+            s.reasoning_budget = Some(crate::engine::ReasoningBudget {
+                max_tokens: 2,
+                close: vec![x, y],
+                starts_inside,
+            });
+            s
+        };
+        // Inside the block at the budget: the close comes next, token by token.
+        let mut g = Generation::new(budget(true));
+        g.accept(v.as_ref(), a, None, 1, 100);
+        assert_eq!(g.forced_next(), None);
+        g.accept(v.as_ref(), a, None, 2, 100);
+        assert_eq!(g.forced_next(), Some(x));
+        g.accept(v.as_ref(), x, None, 3, 100);
+        assert_eq!(g.forced_next(), Some(y));
+        g.accept(v.as_ref(), y, None, 4, 100);
+        assert_eq!(g.forced_next(), None);
+        g.accept(v.as_ref(), a, None, 5, 100);
+        assert_eq!(g.forced_next(), None, "the budget forces once");
+        // No block open: nothing is forced.
+        let mut g = Generation::new(budget(false));
+        g.accept(v.as_ref(), a, None, 1, 100);
+        g.accept(v.as_ref(), a, None, 2, 100);
+        assert_eq!(g.forced_next(), None);
     }
 }

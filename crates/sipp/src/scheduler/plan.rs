@@ -95,6 +95,8 @@ pub struct BatchSpan {
     pub read: ReadKind,
     /// Top log-probabilities to return with each sampled token.
     pub logprobs: Option<usize>,
+    /// The token the last output row must produce instead of sampling.
+    pub forced: Option<Token>,
 }
 
 /// What the executor does with an output row.

@@ -15,6 +15,7 @@ use super::slot::{
 use super::{Queued, Scheduler, SlotId};
 use crate::config::CacheMode;
 use crate::engine::{EngineError, PreparedKind};
+use crate::runtime::Token;
 use crate::session::{plan_acquire, AcquireAsk, KvMirror, KvOp, KvSessions, ReusePolicy};
 
 /// A slot as the draft sees it.
@@ -25,6 +26,7 @@ struct DraftSlot<'a> {
     cache_prompt: bool,
     repeatable: bool,
     logprobs: Option<usize>,
+    forced: Option<Token>,
 }
 
 /// The state a plan is made on, changed decision by decision.
@@ -46,6 +48,7 @@ impl<'a> Draft<'a> {
                     cache_prompt: r.cache_prompt,
                     repeatable: r.repeatable,
                     logprobs: r.logprobs(),
+                    forced: r.forced_next(),
                 })
             })
             .collect();
@@ -165,6 +168,7 @@ impl Scheduler {
                 cache_prompt: use_cache,
                 repeatable: req.repeatable,
                 logprobs: admission.sampler.as_ref().and_then(|s| s.spec.logprobs),
+                forced: None,
             });
             d.plan.admissions.push(admission);
         }
@@ -430,5 +434,6 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
             TerminalAction::ReadEmbedding => ReadKind::Embedding,
         },
         logprobs: ds.logprobs,
+        forced: ds.forced,
     }
 }

@@ -207,6 +207,14 @@ impl Running {
         }
     }
 
+    /// The token its next sample must be (a reasoning budget's close).
+    pub fn forced_next(&self) -> Option<crate::runtime::Token> {
+        match &self.task {
+            Task::Generate(g) => g.forced_next(),
+            Task::Embed { .. } => None,
+        }
+    }
+
     /// The request's timing and token counts.
     pub fn stats(&self, now: Instant) -> RequestStats {
         let t = &self.timing;

@@ -61,6 +61,7 @@ fn spec(max_tokens: usize) -> GenerateSpec {
         seed: 0,
         constraint: None,
         logprobs: None,
+        reasoning_budget: None,
     }
 }
 
