@@ -18,15 +18,6 @@ mkdir -p "$OUT"
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 
-wait_health() { # port pid
-  for _ in $(seq 600); do
-    kill -0 "$2" 2>/dev/null || { echo "server on port $1 exited; see $OUT" >&2; return 1; }
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "server on port $1 never became healthy" >&2; return 1
-}
-
 start_server() { # name port
   case "$1" in
     sipp) "$SIPP" serve --model "$MODEL" --port "$2" --threads "$THREADS" --parallel "$SLOTS" --ctx-size "$CTX" >"$OUT/$1.log" 2>&1 & ;;

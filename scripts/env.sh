@@ -57,3 +57,14 @@ build_release() {
 }
 
 sipp_bin() { echo "$CARGO_TARGET_DIR/release/sipp"; }
+
+# wait_health PORT PID: waits until a server on loopback answers /health
+# ($OUT holds its log), or fails when it exits or never becomes healthy.
+wait_health() { # port pid
+  for _ in $(seq 600); do
+    kill -0 "$2" 2>/dev/null || { echo "server on port $1 exited; see $OUT" >&2; return 1; }
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server on port $1 never became healthy" >&2; return 1
+}

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sipp::config::SpeculativeMode;
 use sipp::engine::StartError;
 use sipp::models::ModelError;
 use sipp::runtime::RuntimeError;
@@ -90,6 +91,17 @@ pub struct ModelArgs {
     /// Tokens per engine step.
     #[arg(long = "batch-size", short = 'b')]
     pub batch_size: Option<u32>,
+    /// Speculative decoding: `ngram` drafts by matching the last tokens
+    /// against the prompt and the text so far; `draft` by a draft model
+    /// (`--draft-model`); `off` decodes one token per step.
+    #[arg(long, value_parser = ["off", "ngram", "draft"])]
+    pub speculative: Option<String>,
+    /// Most tokens drafted per slot and step.
+    #[arg(long = "draft-max")]
+    pub draft_max: Option<u32>,
+    /// A draft model (GGUF path or known name) sharing the model's vocabulary.
+    #[arg(long = "draft-model")]
+    pub draft_model: Option<String>,
 }
 
 impl ModelArgs {
@@ -118,6 +130,19 @@ impl ModelArgs {
         if let Some(b) = self.batch_size {
             cfg.context.n_batch = b;
             cfg.context.n_ubatch = cfg.context.n_ubatch.min(b);
+        }
+        if let Some(m) = &self.speculative {
+            cfg.speculative.mode = match m.as_str() {
+                "off" => SpeculativeMode::Off,
+                "draft" => SpeculativeMode::Draft,
+                _ => SpeculativeMode::Ngram,
+            };
+        }
+        if let Some(d) = &self.draft_model {
+            cfg.speculative.draft_model = Some(sipp::models::resolve_or_fetch(d)?);
+        }
+        if let Some(n) = self.draft_max {
+            cfg.speculative.n_max = n;
         }
         Ok(cfg)
     }

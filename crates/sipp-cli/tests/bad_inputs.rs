@@ -59,6 +59,27 @@ fn catalogue() -> Vec<Case> {
             "prompt",
         ),
         case("missing prompt", c, r#"{"max_tokens": 3}"#, 400, "prompt"),
+        case(
+            "too many drafted tokens",
+            c,
+            r#"{"prompt": "hi", "speculative": {"mode": "ngram", "n_max": 99}}"#,
+            400,
+            "speculative.n_max",
+        ),
+        case(
+            "draft speculation without a draft model",
+            c,
+            r#"{"prompt": "hi", "speculative": {"mode": "draft"}}"#,
+            400,
+            "speculative.mode",
+        ),
+        case(
+            "unknown speculative mode",
+            c,
+            r#"{"prompt": "hi", "speculative": {"mode": "eagle"}}"#,
+            400,
+            "speculative",
+        ),
         case("empty prompt", c, r#"{"prompt": ""}"#, 400, "prompt"),
         case("empty prompt list", c, r#"{"prompt": []}"#, 400, "prompt"),
         case(

@@ -185,7 +185,7 @@ impl Collector for EngineCollector {
             &up,
             G,
         )?;
-        let counters: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 9] = [
+        let counters: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 11] = [
             ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
                 m.prompt_tokens
             }),
@@ -216,6 +216,16 @@ impl Collector for EngineCollector {
             ("sipp_preemptions", "Slots preempted for KV space", |m| {
                 m.preemptions
             }),
+            (
+                "sipp_draft_tokens",
+                "Tokens drafted by speculative decoding and verified",
+                |m| m.draft_tokens,
+            ),
+            (
+                "sipp_draft_accepted_tokens",
+                "Drafted tokens accepted (each saved a decode step)",
+                |m| m.draft_accepted_tokens,
+            ),
             (
                 "sipp_idle_invariant_violations",
                 "Leaks found when the engine went idle",

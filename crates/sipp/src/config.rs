@@ -40,6 +40,8 @@ pub struct NativeRuntimeConfig {
     pub placement: PlacementConfig,
     /// Logging.
     pub observability: ObservabilityConfig,
+    /// Speculative decoding (drafted tokens verified in the step's batch).
+    pub speculative: SpeculativeConfig,
 }
 
 /// Context, batch and thread sizes.
@@ -236,6 +238,78 @@ impl Default for PlacementConfig {
     }
 }
 
+/// The most tokens a slot may draft in one step (config and requests).
+pub const MAX_DRAFT_TOKENS: u32 = 32;
+
+/// How a decoding slot drafts tokens for the next step to verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeculativeMode {
+    /// One token per step.
+    Off,
+    /// Prompt lookup: the slot's last tokens are matched against its prompt
+    /// and what it generated, and what followed the match is drafted.
+    Ngram,
+    /// A draft model (`draft_model`, sharing the target's vocabulary) drafts
+    /// greedily.
+    Draft,
+}
+
+impl SpeculativeMode {
+    /// The name used in config, flags and requests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpeculativeMode::Off => "off",
+            SpeculativeMode::Ngram => "ngram",
+            SpeculativeMode::Draft => "draft",
+        }
+    }
+}
+
+/// Speculative decoding: each decoding slot drafts up to `n_max` tokens, and
+/// the step verifies them in the same batch as everything else; a slot whose
+/// drafts keep failing stops drafting for a while. A request may choose its
+/// own mode and `n_max`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpeculativeConfig {
+    /// `off`, `ngram` or `draft`. Default `off`: on a CPU a draft row costs
+    /// nearly as much as a one-token step, and measured gains were within
+    /// the machine's noise (see the README).
+    pub mode: SpeculativeMode,
+    /// Most tokens drafted per slot and step. Default 8.
+    pub n_max: u32,
+    /// Shortest n-gram match that drafts. Default 2.
+    pub ngram_min: u32,
+    /// Longest n-gram matched. Default 4.
+    pub ngram_max: u32,
+    /// A GGUF draft model sharing the target's vocabulary, loaded next to it
+    /// (needed by `draft`, and by requests that ask for it).
+    pub draft_model: Option<PathBuf>,
+    /// The draft model's context in tokens (one sequence per slot); 0 means
+    /// the target's. Default 0.
+    pub draft_n_ctx: u32,
+    /// A step's fixed cost over the cost of one more batch row, which decides
+    /// how many drafted tokens are worth verifying (a row pays when its
+    /// token's chance of acceptance beats the step's tokens per cost). 0
+    /// measures it from the batches that run. Default 0.
+    pub row_cost_ratio: f32,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        Self {
+            mode: SpeculativeMode::Off,
+            n_max: 8,
+            ngram_min: 2,
+            ngram_max: 4,
+            draft_model: None,
+            draft_n_ctx: 0,
+            row_cost_ratio: 0.0,
+        }
+    }
+}
+
 /// Logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -335,6 +409,28 @@ impl NativeRuntimeConfig {
             field: "sampling",
             message: e.to_string(),
         })?;
+        let spec = &self.speculative;
+        if spec.n_max > MAX_DRAFT_TOKENS {
+            return invalid(
+                "speculative.n_max",
+                format!("must be at most {MAX_DRAFT_TOKENS}, got {}", spec.n_max),
+            );
+        }
+        if spec.mode == SpeculativeMode::Draft && spec.draft_model.is_none() {
+            return invalid(
+                "speculative.draft_model",
+                "mode `draft` needs a draft model (a GGUF sharing the target's vocabulary)".into(),
+            );
+        }
+        if spec.ngram_min == 0 || spec.ngram_max < spec.ngram_min || spec.ngram_max > 16 {
+            return invalid(
+                "speculative.ngram_min",
+                format!(
+                    "need 1 <= ngram_min <= ngram_max <= 16, got {} and {}",
+                    spec.ngram_min, spec.ngram_max
+                ),
+            );
+        }
         Ok(())
     }
 }

@@ -1,13 +1,14 @@
 //! Property tests of the scheduler, KV bookkeeping and engine step against the
 //! fake backend: random arrivals, prompt lengths, shared prefixes, max_tokens,
-//! stop strings, cancellations and injected decode failures.
+//! stop strings, cancellations, injected decode failures, and speculative
+//! drafts accepted and rejected (rejected rows are rolled back every step).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use sipp::config::{CacheMode, NativeRuntimeConfig};
+use sipp::config::{CacheMode, NativeRuntimeConfig, SpeculativeMode};
 use sipp::engine::{
     Completion, EngineCore, EngineError, EngineInfo, EngineMetrics, GenerateRequest, PromptInput,
     QueuePlace, RequestEvent, RequestPreparer,
@@ -42,6 +43,10 @@ struct Scenario {
     mode: CacheMode,
     arrivals: Vec<Arrival>,
     no_kv_steps: Vec<usize>,
+    speculative: SpeculativeMode,
+    /// The fake model's window (0: whole history); short windows repeat
+    /// text, so drafts get accepted.
+    window: usize,
 }
 
 const BASES: [&str; 3] = [
@@ -108,16 +113,32 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         ],
         proptest::collection::vec(arrival(), 1..14),
         proptest::collection::vec(0usize..80, 0..3),
+        prop_oneof![Just(SpeculativeMode::Off), Just(SpeculativeMode::Ngram)],
+        prop_oneof![Just(0usize), Just(2), Just(4)],
     )
         .prop_map(
-            |(slots, extra, n_ctx, idle_sequences, mode, arrivals, no_kv_steps)| Scenario {
+            |(
                 slots,
-                budget: slots + 4 + extra,
+                extra,
                 n_ctx,
                 idle_sequences,
                 mode,
                 arrivals,
                 no_kv_steps,
+                speculative,
+                window,
+            )| {
+                Scenario {
+                    slots,
+                    budget: slots + 4 + extra,
+                    n_ctx,
+                    idle_sequences,
+                    mode,
+                    arrivals,
+                    no_kv_steps,
+                    speculative,
+                    window,
+                }
             },
         )
 }
@@ -145,6 +166,7 @@ struct Harness {
     queued: Arc<AtomicUsize>,
     budget: usize,
     n_seq: usize,
+    metrics: Arc<EngineMetrics>,
 }
 
 fn harness(sc: &Scenario) -> Harness {
@@ -157,6 +179,10 @@ fn harness(sc: &Scenario) -> Harness {
     cfg.cache.min_prefix_tokens = 4;
     cfg.cache.max_snapshot_bytes = 4096;
     cfg.cache.max_snapshot_entries = 4;
+    cfg.speculative.mode = sc.speculative;
+    cfg.speculative.n_max = 6;
+    cfg.speculative.ngram_min = 1;
+    cfg.speculative.row_cost_ratio = 100.0;
     cfg.validate().expect("valid config");
     let n_seq = sc.slots + sc.idle_sequences;
     let backend = FakeBackend::new(FakeConfig {
@@ -164,18 +190,21 @@ fn harness(sc: &Scenario) -> Harness {
         n_seq_max: n_seq,
         n_batch: sc.budget,
         n_ubatch: sc.budget,
+        window: sc.window,
         ..FakeConfig::default()
     });
     let info = EngineInfo::new(&backend, &cfg);
     let preparer = RequestPreparer::new(backend.vocab(), info);
     let queued = Arc::new(AtomicUsize::new(0));
-    let core = EngineCore::new(backend, &cfg, Arc::new(EngineMetrics::default()));
+    let metrics = Arc::new(EngineMetrics::default());
+    let core = EngineCore::new(backend, &cfg, metrics.clone());
     Harness {
         core,
         preparer,
         queued,
         budget: sc.budget as usize,
         n_seq: n_seq as usize,
+        metrics,
     }
 }
 
@@ -366,6 +395,11 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
     prop_assert_eq!(h.queued.load(Ordering::SeqCst), 0, "queue gauge leaked");
     let problems = h.core.check_idle_invariants();
     prop_assert!(problems.is_empty(), "idle invariants: {:?}", problems);
+    let m = h.metrics.snapshot();
+    prop_assert!(m.draft_accepted_tokens <= m.draft_tokens);
+    if sc.speculative == SpeculativeMode::Off {
+        prop_assert_eq!(m.draft_tokens, 0, "drafts with speculation off");
+    }
     Ok(tracked)
 }
 
@@ -479,6 +513,31 @@ proptest! {
             }
             if let (Some(a), Some(b)) = (&off[i], &live[i]) {
                 prop_assert_eq!(a, b, "request {} differs with live-slot reuse", i);
+            }
+        }
+    }
+
+    /// Drafting never changes a request's text, greedy or seeded: a drafted
+    /// token is kept only when it is what the request samples anyway, and
+    /// the rows of rejected ones leave the KV cache (the invariants checked
+    /// after every step compare each sequence, shared prefixes included, with
+    /// the backend's cells).
+    #[test]
+    fn speculation_never_changes_output(mut sc in scenario()) {
+        for a in &mut sc.arrivals {
+            a.cancel_after = None;
+        }
+        sc.no_kv_steps.clear();
+        let texts = |speculative| -> Result<Vec<Option<String>>, TestCaseError> {
+            let mut s = sc.clone();
+            s.speculative = speculative;
+            run(&s)?.iter().map(|t| check_request(t, s.n_ctx).map(|c| c.map(|c| c.text))).collect()
+        };
+        let off = texts(SpeculativeMode::Off)?;
+        let on = texts(SpeculativeMode::Ngram)?;
+        for i in 0..off.len() {
+            if let (Some(a), Some(b)) = (&off[i], &on[i]) {
+                prop_assert_eq!(a, b, "request {} differs with drafts", i);
             }
         }
     }

@@ -93,6 +93,14 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
                     eprintln!("generated tokens: {}", s.generated_tokens);
                     eprintln!("decode tok/s:     {:.1}", s.decode_tokens_per_second());
                     eprintln!("ttft ms:          {:.1}", s.ttft_ms);
+                    if let Some(a) = s.acceptance() {
+                        eprintln!(
+                            "draft acceptance: {:.1}% ({} of {} drafted tokens)",
+                            a * 100.0,
+                            s.accepted_tokens,
+                            s.drafted_tokens
+                        );
+                    }
                     eprintln!("finish reason:    {}", c.finish_reason.as_str());
                 }
                 return Ok(());

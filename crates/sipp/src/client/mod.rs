@@ -136,6 +136,8 @@ pub struct LocalOptions {
     pub cache_prompt: Option<bool>,
     /// Compute as on a fresh engine, alone, so seeded text repeats.
     pub repeatable: bool,
+    /// Speculative decoding (`None`: the endpoint's setting).
+    pub speculative: Option<crate::engine::SpeculativeRequest>,
 }
 
 impl LocalOptions {
@@ -171,6 +173,9 @@ impl LocalOptions {
         }
         if self.repeatable {
             v.push("repeatable");
+        }
+        if self.speculative.is_some() {
+            v.push("speculative");
         }
         v
     }
@@ -223,6 +228,7 @@ impl RequestOptions {
             context_key: l.context_key.clone(),
             cache_prompt: l.cache_prompt,
             repeatable: l.repeatable.then_some(true),
+            speculative: l.speculative,
             sampling: l.sampling.clone(),
         }
     }

@@ -52,6 +52,7 @@ impl<B: Backend> EngineCore<B> {
                 min_prefix: config.cache.min_prefix_tokens as usize,
                 model_is_encoder: info.has_encoder && !info.has_decoder,
                 log_requests: config.observability.log_requests,
+                row_cost_ratio: config.speculative.row_cost_ratio,
             },
             vocab.clone(),
         );
@@ -61,6 +62,12 @@ impl<B: Backend> EngineCore<B> {
             sessions,
             metrics,
         }
+    }
+
+    /// Adds a draft model for `draft` speculation.
+    pub fn with_drafter(mut self, draft: B) -> Self {
+        self.executor = self.executor.with_drafter(draft);
+        self
     }
 
     /// The backend (for tests and diagnostics).

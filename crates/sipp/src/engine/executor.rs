@@ -12,15 +12,18 @@ use super::request::EngineError;
 use crate::runtime::{Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec};
 use crate::sampling::{SamplerCacheKey, SamplerPool};
 use crate::scheduler::{
-    BatchOutcome, BatchSpan, PrefillKind, ReadKind, Release, SampledToken, SamplerSetup,
+    BatchOutcome, BatchSpan, PrefillKind, ReadKind, Release, SampledToken, SamplerSetup, SpanKind,
     SpanOutcome, SpanResult, StepOutput, StepPlan,
 };
 use crate::session::{KvOp, KvSessions};
+
+use super::drafter::{DraftAsk, ModelDrafter};
 
 /// The backend and what lives next to it: one sampler per busy slot, and a
 /// pool of constrained samplers kept for reuse.
 pub struct Executor<B: Backend> {
     backend: B,
+    drafter: Option<ModelDrafter<B>>,
     samplers: Vec<Option<(B::Sampler, Option<SamplerCacheKey>)>>,
     pool: SamplerPool<B::Sampler>,
     metrics: Arc<EngineMetrics>,
@@ -31,10 +34,18 @@ impl<B: Backend> Executor<B> {
     pub fn new(backend: B, slots: usize, metrics: Arc<EngineMetrics>) -> Self {
         Self {
             backend,
+            drafter: None,
             samplers: (0..slots).map(|_| None).collect(),
             pool: SamplerPool::new(),
             metrics,
         }
+    }
+
+    /// Adds a draft model (one context sequence per slot).
+    pub fn with_drafter(mut self, draft: B) -> Self {
+        let slots = self.samplers.len();
+        self.drafter = Some(ModelDrafter::new(draft, slots));
+        self
     }
 
     /// The backend.
@@ -70,11 +81,12 @@ impl<B: Backend> Executor<B> {
                 Err(e) => out.sampler_failures.push((a.slot, e)),
             }
         }
+        // Draft-model rows get their tokens now.
+        let filled = self.fill_model_drafts(&plan.batch.spans);
+        let all: &[BatchSpan] = filled.as_deref().unwrap_or(&plan.batch.spans);
         // A span whose sampler could not be built, or whose sequence came up
         // short, does not run.
-        let spans: Vec<&BatchSpan> = plan
-            .batch
-            .spans
+        let spans: Vec<&BatchSpan> = all
             .iter()
             .filter(|s| !out.sampler_failures.iter().any(|(slot, _)| *slot == s.slot))
             .filter(|s| !out.short.iter().any(|(seq, _)| *seq == s.lease.seq_id))
@@ -85,11 +97,16 @@ impl<B: Backend> Executor<B> {
         self.metrics.steps.fetch_add(1, Relaxed);
         let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
         self.metrics.batch_rows.fetch_add(rows as u64, Relaxed);
-        out.batch = match self.run_batch(kv, plan.batch.kind, &spans, true) {
+        let started = Instant::now();
+        let ran = self.run_batch(kv, plan.batch.kind, &spans, true);
+        // Only decode steps (every row a sampled or drafted token with
+        // logits) measure what a draft row costs: prompt rows are cheaper.
+        if spans.iter().all(|s| s.kind == SpanKind::Decode) {
+            out.timing = Some((rows, started.elapsed().as_nanos() as u64));
+        }
+        out.batch = match ran {
             Some(outcomes) => BatchOutcome::Ran(
-                plan.batch
-                    .spans
-                    .iter()
+                all.iter()
                     .map(|s| {
                         outcomes
                             .iter()
@@ -139,6 +156,7 @@ impl<B: Backend> Executor<B> {
                 result: SpanResult::Failed(EngineError::Decode(format!(
                     "llama.cpp returned {code} for this request's batch"
                 ))),
+                drafted: 0,
             }]),
         }
     }
@@ -160,6 +178,7 @@ impl<B: Backend> Executor<B> {
                 slot: span.slot,
                 request_id: span.request_id,
                 result,
+                drafted: span.draft,
             };
             if kind == PrefillKind::Decode {
                 if let Err(e) = kv.record_decoded(span.lease, &span.tokens) {
@@ -176,6 +195,9 @@ impl<B: Backend> Executor<B> {
                 (false, ReadKind::Embedding) => self.read_embedding(span, first),
                 (false, ReadKind::Sample) => self.sample(span, first),
             };
+            if let (true, SpanResult::Sampled(tokens)) = (span.draft > 0, &result) {
+                self.drop_rejected(kv, span, tokens.len());
+            }
             out.push(outcome(result));
         }
         out
@@ -209,14 +231,78 @@ impl<B: Backend> Executor<B> {
                 continue;
             }
             match self.backend.sample(sampler, first_row + o, span.logprobs) {
-                Ok(s) => tokens.push(SampledToken {
-                    token: s.token,
-                    logprobs: s.logprobs,
-                }),
+                Ok(s) => {
+                    let token = s.token;
+                    tokens.push(SampledToken {
+                        token,
+                        logprobs: s.logprobs,
+                    });
+                    // The next row was fed a drafted token: its logits count
+                    // only if that token is the one just sampled.
+                    if span.draft > 0 && span.tokens.get(o + 1).is_some_and(|&d| d != token) {
+                        break;
+                    }
+                }
                 Err(SampleError::GrammarExhausted) => return SpanResult::GrammarExhausted,
             }
         }
         SpanResult::Sampled(tokens)
+    }
+
+    /// The plan's spans with the draft model's tokens in the rows it drafts
+    /// (fewer rows when it drafted fewer); `None` when no span asks for it.
+    fn fill_model_drafts(&mut self, spans: &[BatchSpan]) -> Option<Vec<BatchSpan>> {
+        let asking: Vec<usize> = (0..spans.len())
+            .filter(|&i| spans[i].draft_history.is_some())
+            .collect();
+        if asking.is_empty() {
+            return None;
+        }
+        let mut filled = spans.to_vec();
+        let got = match self.drafter.as_mut() {
+            Some(d) => {
+                let asks: Vec<DraftAsk<'_>> = asking
+                    .iter()
+                    .map(|&i| DraftAsk {
+                        slot: spans[i].slot,
+                        history: spans[i].draft_history.as_deref().unwrap_or_default(),
+                        n: spans[i].draft,
+                    })
+                    .collect();
+                d.draft(&asks)
+            }
+            None => vec![Vec::new(); asking.len()],
+        };
+        for (&i, draft) in asking.iter().zip(got) {
+            let s = &mut filled[i];
+            let fed = s.tokens.len() - s.draft;
+            s.tokens.truncate(fed);
+            s.draft = draft.len().min(s.draft);
+            s.tokens.extend_from_slice(&draft[..s.draft]);
+            s.outputs = (0..s.tokens.len()).collect();
+        }
+        Some(filled)
+    }
+
+    /// After verifying a draft: `sampled` tokens came out of the span, so
+    /// `sampled - 1` drafted tokens were accepted; the KV rows of the rest
+    /// leave the cache and the mirror before anything else runs.
+    fn drop_rejected(&mut self, kv: &mut KvSessions, span: &BatchSpan, sampled: usize) {
+        let fed = span.tokens.len() - span.draft;
+        let accepted = sampled.saturating_sub(fed).min(span.draft);
+        self.metrics
+            .draft_tokens
+            .fetch_add(span.draft as u64, Relaxed);
+        self.metrics
+            .draft_accepted_tokens
+            .fetch_add(accepted as u64, Relaxed);
+        if accepted < span.draft {
+            let op = KvOp::Truncate {
+                seq: span.lease.seq_id,
+                from: span.start + fed + accepted,
+            };
+            kv.apply(&mut self.backend, &op);
+        }
     }
 
     fn build_sampler(
@@ -272,6 +358,7 @@ fn skipped(s: &BatchSpan) -> SpanOutcome {
         slot: s.slot,
         request_id: s.request_id,
         result: SpanResult::Deferred,
+        drafted: 0,
     }
 }
 

@@ -14,6 +14,8 @@ pub struct EngineMetrics {
     pub(crate) steps: AtomicU64,
     pub(crate) batch_rows: AtomicU64,
     pub(crate) preemptions: AtomicU64,
+    pub(crate) draft_tokens: AtomicU64,
+    pub(crate) draft_accepted_tokens: AtomicU64,
     pub(crate) queue_depth: AtomicU64,
     pub(crate) busy_slots: AtomicU64,
     pub(crate) leased_sequences: AtomicU64,
@@ -52,6 +54,10 @@ pub struct MetricsSnapshot {
     pub batch_rows: u64,
     /// Slots preempted for KV space.
     pub preemptions: u64,
+    /// Tokens drafted by speculative decoding and verified.
+    pub draft_tokens: u64,
+    /// Of them, tokens accepted.
+    pub draft_accepted_tokens: u64,
     /// Requests waiting for a slot.
     pub queue_depth: u64,
     /// Slots holding a request.
@@ -100,6 +106,8 @@ impl EngineMetrics {
             steps: self.steps.load(Relaxed),
             batch_rows: self.batch_rows.load(Relaxed),
             preemptions: self.preemptions.load(Relaxed),
+            draft_tokens: self.draft_tokens.load(Relaxed),
+            draft_accepted_tokens: self.draft_accepted_tokens.load(Relaxed),
             queue_depth: self.queue_depth.load(Relaxed),
             busy_slots: self.busy_slots.load(Relaxed),
             leased_sequences: self.leased_sequences.load(Relaxed),

@@ -5,6 +5,7 @@
 //! event. Dropping a [`RequestHandle`] cancels its request.
 
 mod core;
+mod drafter;
 mod executor;
 mod metrics;
 mod prepare;
@@ -18,7 +19,8 @@ pub use prepare::{EngineInfo, PreparedTurn, RequestPreparer, TemplateCaps};
 pub use request::{
     Completion, EmbedRequest, EmbeddingOutput, EngineError, EventSink, GenerateRequest,
     GenerateSpec, PreparedKind, PreparedRequest, PromptInput, QueuePlace, ReasoningBudget,
-    ReasoningBudgetRequest, RequestEvent, RequestStats, TextDelta, TokenLogprobs, Usage,
+    ReasoningBudgetRequest, RequestEvent, RequestStats, Speculation, SpeculativeRequest, TextDelta,
+    TokenLogprobs, Usage,
 };
 pub use validate::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};
 
@@ -32,7 +34,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::chat::ChatMessage;
 use crate::config::NativeRuntimeConfig;
-use crate::runtime::{Backend, Vocab};
+use crate::runtime::{Backend, Token, Vocab};
 use crate::scheduler::RequestId;
 
 enum Command {
@@ -107,13 +109,64 @@ impl Engine {
         let model = crate::runtime::llama::load_model(path, &config.placement, progress)?;
         let n_seq = config.slots() + config.cache.idle_sequences;
         let runtime = crate::runtime::llama::LlamaRuntime::new(model, &config, n_seq)?;
-        Ok(Self::start(runtime, config))
+        let draft = match &config.speculative.draft_model {
+            Some(p) => Some(Self::load_draft(p, &config, &runtime)?),
+            None => None,
+        };
+        Ok(Self::start_with_draft(runtime, draft, config))
+    }
+
+    /// The draft model: its own context (one sequence per slot, the draft
+    /// context size or the target's), checked to share the target's
+    /// vocabulary.
+    #[cfg(feature = "llama")]
+    fn load_draft(
+        path: &Path,
+        config: &NativeRuntimeConfig,
+        target: &crate::runtime::llama::LlamaRuntime,
+    ) -> Result<crate::runtime::llama::LlamaRuntime, StartError> {
+        let model = crate::runtime::llama::load_model(path, &config.placement, None)?;
+        let mut cfg = config.clone();
+        if config.speculative.draft_n_ctx > 0 {
+            cfg.context.n_ctx = config.speculative.draft_n_ctx;
+        } else {
+            cfg.context.n_ctx = target.n_ctx();
+        }
+        let draft = crate::runtime::llama::LlamaRuntime::new(model, &cfg, config.slots())?;
+        let (t, d) = (target.vocab(), draft.vocab());
+        let same = t.info().n_vocab == d.info().n_vocab
+            && (0..t.info().n_vocab as Token)
+                .step_by(97)
+                .all(|tok| t.token_bytes(tok) == d.token_bytes(tok));
+        if !same {
+            return Err(StartError::Config(crate::config::ConfigError::Invalid {
+                field: "speculative.draft_model",
+                message: format!(
+                    "{} does not share the model's vocabulary ({} tokens against {})",
+                    path.display(),
+                    d.info().n_vocab,
+                    t.info().n_vocab
+                ),
+            }));
+        }
+        Ok(draft)
     }
 
     /// Starts an engine on any backend (the fake one in tests).
     pub fn start<B: Backend + Send + 'static>(backend: B, config: NativeRuntimeConfig) -> Engine {
+        Self::start_with_draft(backend, None, config)
+    }
+
+    /// Starts an engine with a draft model for `draft` speculation (a
+    /// backend on a model sharing the target's vocabulary).
+    pub fn start_with_draft<B: Backend + Send + 'static>(
+        backend: B,
+        draft: Option<B>,
+        config: NativeRuntimeConfig,
+    ) -> Engine {
         let vocab = backend.vocab();
-        let info = EngineInfo::new(&backend, &config);
+        let mut info = EngineInfo::new(&backend, &config);
+        info.has_draft_model = draft.is_some();
         let preparer = RequestPreparer::new(vocab, info);
         let metrics = Arc::new(EngineMetrics::default());
         let queued = Arc::new(AtomicUsize::new(0));
@@ -126,7 +179,12 @@ impl Engine {
             .spawn(move || {
                 let mut backend = backend;
                 backend.warm_up();
-                run_engine(EngineCore::new(backend, &config, metrics_t), rx, alive_t)
+                let mut core = EngineCore::new(backend, &config, metrics_t);
+                if let Some(mut d) = draft {
+                    d.warm_up();
+                    core = core.with_drafter(d);
+                }
+                run_engine(core, rx, alive_t)
             })
             .expect("spawning the engine thread");
         Engine {

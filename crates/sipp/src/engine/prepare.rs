@@ -44,6 +44,10 @@ pub struct EngineInfo {
     pub default_max_tokens: u32,
     /// Upper bound on max_tokens (0: none).
     pub max_tokens_limit: u32,
+    /// Speculative decoding defaults.
+    pub speculative: crate::config::SpeculativeConfig,
+    /// A draft model is loaded next to the model.
+    pub has_draft_model: bool,
 }
 
 impl EngineInfo {
@@ -64,6 +68,8 @@ impl EngineInfo {
             max_queued: config.scheduler.max_queued_requests as usize,
             default_max_tokens: config.scheduler.default_max_tokens,
             max_tokens_limit: config.scheduler.max_tokens_limit,
+            speculative: config.speculative.clone(),
+            has_draft_model: false,
             model,
         }
     }
@@ -385,6 +391,7 @@ impl RequestPreparer {
             }),
             None => None,
         };
+        let speculative = self.speculation(req.speculative)?;
         Ok(PreparedRequest {
             id,
             kind: PreparedKind::Generate(GenerateSpec {
@@ -396,6 +403,7 @@ impl RequestPreparer {
                 constraint: req.constraint,
                 logprobs: req.logprobs.map(|n| n as usize),
                 reasoning_budget,
+                speculative,
             }),
             prompt,
             context_key: req.context_key,
@@ -403,6 +411,33 @@ impl RequestPreparer {
             repeatable: req.repeatable,
             submitted_at: Instant::now(),
             sink,
+        })
+    }
+
+    /// The speculative decoding a request gets: its own mode and `n_max`
+    /// where it gives them, the engine's otherwise.
+    fn speculation(
+        &self,
+        req: Option<super::SpeculativeRequest>,
+    ) -> Result<super::Speculation, EngineError> {
+        let cfg = &self.info.speculative;
+        let req = req.unwrap_or_default();
+        let n_max = req.n_max.unwrap_or(cfg.n_max);
+        validate::draft_tokens(n_max)?;
+        let mode = req.mode.unwrap_or(cfg.mode);
+        if mode == crate::config::SpeculativeMode::Draft && !self.info.has_draft_model {
+            return Err(EngineError::InvalidRequest {
+                field: "speculative.mode",
+                message: "`draft` needs a draft model, and this model has none \
+                          (speculative.draft_model in its runtime config)"
+                    .into(),
+            });
+        }
+        Ok(super::Speculation {
+            mode,
+            n_max: n_max as usize,
+            ngram_min: cfg.ngram_min as usize,
+            ngram_max: cfg.ngram_max as usize,
         })
     }
 

@@ -68,6 +68,52 @@ pub struct GenerateRequest {
     pub parse_special: bool,
     /// A cap on `<think>` reasoning (see [`ReasoningBudget`]).
     pub reasoning_budget: Option<ReasoningBudgetRequest>,
+    /// Speculative decoding for this request; unset fields take the engine's.
+    pub speculative: Option<SpeculativeRequest>,
+}
+
+/// Speculative decoding as a request asks for it (`"speculative": {"mode":
+/// "ngram", "n_max": 8}`); an unset field takes the engine's setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeRequest {
+    /// `off`, `ngram` or `draft`.
+    #[serde(default)]
+    pub mode: Option<crate::config::SpeculativeMode>,
+    /// Most tokens drafted per step (0 turns drafting off).
+    #[serde(default)]
+    pub n_max: Option<u32>,
+}
+
+/// Speculative decoding in effect for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// How drafts are made.
+    pub mode: crate::config::SpeculativeMode,
+    /// Most tokens drafted per step.
+    pub n_max: usize,
+    /// Shortest n-gram match that drafts.
+    pub ngram_min: usize,
+    /// Longest n-gram matched.
+    pub ngram_max: usize,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Self {
+            mode: crate::config::SpeculativeMode::Off,
+            n_max: 0,
+            ngram_min: 2,
+            ngram_max: 4,
+        }
+    }
+}
+
+impl Speculation {
+    /// Whether this request drafts at all.
+    pub fn is_on(&self) -> bool {
+        self.mode != crate::config::SpeculativeMode::Off && self.n_max > 0
+    }
 }
 
 impl GenerateRequest {
@@ -87,6 +133,7 @@ impl GenerateRequest {
             add_special: true,
             parse_special: true,
             reasoning_budget: None,
+            speculative: None,
         }
     }
 
@@ -168,6 +215,12 @@ pub struct RequestStats {
     pub generated_tokens: usize,
     /// From the first token to the end.
     pub decode_ms: f64,
+    /// Tokens drafted by speculative decoding.
+    #[serde(default)]
+    pub drafted_tokens: usize,
+    /// Of them, tokens accepted (each saved a step).
+    #[serde(default)]
+    pub accepted_tokens: usize,
 }
 
 impl RequestStats {
@@ -188,6 +241,11 @@ impl RequestStats {
         } else {
             0.0
         }
+    }
+
+    /// Share of drafted tokens accepted (`None` when nothing was drafted).
+    pub fn acceptance(&self) -> Option<f64> {
+        (self.drafted_tokens > 0).then(|| self.accepted_tokens as f64 / self.drafted_tokens as f64)
     }
 }
 
@@ -363,6 +421,8 @@ pub struct GenerateSpec {
     pub logprobs: Option<usize>,
     /// A cap on the tokens of a `<think>` block.
     pub reasoning_budget: Option<ReasoningBudget>,
+    /// Speculative decoding.
+    pub speculative: Speculation,
 }
 
 /// A cap on reasoning: once the generation has `max_tokens` tokens and is

@@ -62,6 +62,18 @@ pub fn logprobs(n: u32) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// `speculative.n_max`: at most [`crate::config::MAX_DRAFT_TOKENS`].
+pub fn draft_tokens(n: u32) -> Result<(), EngineError> {
+    let max = crate::config::MAX_DRAFT_TOKENS;
+    if n > max {
+        return Err(invalid(
+            "speculative.n_max",
+            format!("must be between 0 and {max}, got {n}"),
+        ));
+    }
+    Ok(())
+}
+
 /// `stop`: at most [`MAX_STOP_STRINGS`] strings.
 pub fn stop(stop: &[String]) -> Result<(), EngineError> {
     if stop.len() > MAX_STOP_STRINGS {

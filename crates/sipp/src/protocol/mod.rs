@@ -152,6 +152,7 @@ pub fn request_from_text_options(
         context_key: o.context_key.clone(),
         cache_prompt: o.cache_prompt.unwrap_or(true),
         repeatable: o.repeatable.unwrap_or(false),
+        speculative: o.speculative,
         ..GenerateRequest::new(PromptInput::Text(String::new()))
     })
 }
@@ -246,6 +247,7 @@ pub fn request_from_openai(
         context_key: None,
         cache_prompt: f.cache_prompt.unwrap_or(true),
         repeatable: f.repeatable.unwrap_or(false),
+        speculative: f.speculative,
         ..GenerateRequest::new(PromptInput::Text(String::new()))
     })
 }

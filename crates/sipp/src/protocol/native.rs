@@ -52,6 +52,10 @@ pub struct TextOptions {
     /// Compute as on a fresh engine, alone, so seeded text repeats (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeatable: Option<bool>,
+    /// Speculative decoding (`{"mode": "ngram" | "off", "n_max": N}`); unset
+    /// fields take the endpoint's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<crate::engine::SpeculativeRequest>,
     /// Full sampling settings, overriding the endpoint's defaults field by field
     /// where given (temperature, top_p and seed above win).
     #[serde(default, skip_serializing_if = "Option::is_none")]

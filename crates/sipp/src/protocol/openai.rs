@@ -149,6 +149,9 @@ pub struct SamplingFields {
     /// (extension; default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeatable: Option<bool>,
+    /// Speculative decoding (extension): `{"mode": "ngram" | "off", "n_max": N}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<crate::engine::SpeculativeRequest>,
     /// Bounds on JSON mode and open JSON schemas (extension): `false` turns
     /// them off, `true` keeps the target's, an object overrides some.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -166,6 +166,10 @@ pub struct FakeConfig {
     /// The model's chat template (`tokenizer.chat_template`); none by default,
     /// so chat requests fail as they do on a model without one.
     pub chat_template: Option<String>,
+    /// Predict from the last this-many tokens only (0: the whole history).
+    /// A short window makes text that repeats itself, which n-gram drafts
+    /// can predict.
+    pub window: usize,
 }
 
 impl Default for FakeConfig {
@@ -179,6 +183,7 @@ impl Default for FakeConfig {
             embeddings: None,
             eos_one_in: 40,
             chat_template: None,
+            window: 0,
         }
     }
 }
@@ -268,6 +273,12 @@ impl FakeBackend {
             .count() as u32
     }
 
+    /// The fake model's most likely next token after a history (sampling
+    /// takes it three times in four, the runner-up otherwise).
+    pub fn most_likely(&self, history: &[Token]) -> Token {
+        self.predict(history).0
+    }
+
     /// The fake model: the next token after a history, and its runner-up.
     fn predict(&self, history: &[Token]) -> (Token, Token) {
         // Finish a multi-byte character that the history has started.
@@ -291,7 +302,11 @@ impl FakeBackend {
             }
         }
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &t in history {
+        let from = match self.cfg.window {
+            0 => 0,
+            w => history.len().saturating_sub(w),
+        };
+        for &t in &history[from..] {
             h ^= t as u64 as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
         }

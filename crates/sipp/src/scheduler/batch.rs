@@ -15,6 +15,8 @@ pub struct SlotSpan {
     pub decode: bool,
     /// Whether the last row needs logits (or an embedding).
     pub output: bool,
+    /// Of the rows, drafted tokens to verify (after the pending one).
+    pub draft: usize,
 }
 
 /// The packed batch of one step.
@@ -42,18 +44,18 @@ pub struct StepLimits {
     pub n_ubatch: usize,
 }
 
+/// One busy slot as packing sees it: its phase, tokens, and how many tokens
+/// it drafted for this step.
+pub type PackSlot<'a> = (SlotId, SlotPhase, &'a SlotTokens, usize);
+
 /// Plans one step: the sampled tokens of every decoding slot first, then
-/// prompt chunks shared fairly (equal shares, the rest to the oldest,
-/// rotating) up to the budget. An embedding input is computed whole in one
-/// step or waits.
-pub fn pack(
-    slots: &[(SlotId, SlotPhase, &SlotTokens)],
-    limits: StepLimits,
-    rotation: usize,
-) -> Packing {
+/// their drafts while the budget allows, then prompt chunks shared fairly
+/// (equal shares, the rest to the oldest, rotating) up to the budget. An
+/// embedding input is computed whole in one step or waits.
+pub fn pack(slots: &[PackSlot<'_>], limits: StepLimits, rotation: usize) -> Packing {
     let mut spans = Vec::new();
     let mut used = 0usize;
-    for &(slot, phase, t) in slots {
+    for &(slot, phase, t, _) in slots {
         let n = t.pending.len();
         if matches!(phase, SlotPhase::Decode | SlotPhase::EmitBuffered)
             && n > 0
@@ -65,9 +67,20 @@ pub fn pack(
                 n_tokens: n,
                 decode: true,
                 output: true,
+                draft: 0,
             });
             used += n;
         }
+    }
+    for span in &mut spans {
+        let draft = slots
+            .iter()
+            .find(|s| s.0 == span.slot)
+            .map_or(0, |s| s.3)
+            .min(limits.budget - used);
+        span.draft = draft;
+        span.n_tokens += draft;
+        used += draft;
     }
     let (kind, cands) = prefill_candidates(slots, spans.is_empty(), rotation);
     let alloc = share_budget(&cands, limits, used);
@@ -85,6 +98,7 @@ pub fn pack(
             // next token.
             output: completes
                 && (t.plan.terminal == TerminalAction::ReadEmbedding || t.pending.is_empty()),
+            draft: 0,
         });
     }
     Packing { kind, spans }
@@ -93,14 +107,14 @@ pub fn pack(
 /// Slots with prompt tokens to compute, oldest first, rotated. An encoder
 /// batch is chosen only when nothing decodes: the two never share a batch.
 fn prefill_candidates<'a>(
-    slots: &[(SlotId, SlotPhase, &'a SlotTokens)],
+    slots: &[PackSlot<'a>],
     nothing_decodes: bool,
     rotation: usize,
 ) -> (PrefillKind, Vec<(SlotId, &'a SlotTokens)>) {
     let mut cands: Vec<(SlotId, &SlotTokens)> = slots
         .iter()
-        .filter(|(_, phase, _)| matches!(phase, SlotPhase::Admitted | SlotPhase::Prefill))
-        .map(|&(slot, _, t)| (slot, t))
+        .filter(|(_, phase, _, _)| matches!(phase, SlotPhase::Admitted | SlotPhase::Prefill))
+        .map(|&(slot, _, t, _)| (slot, t))
         .filter(|(_, t)| t.prefix_wait.is_none() && !t.preempted && t.prefill_remaining() > 0)
         .collect();
     cands.sort_by_key(|(_, t)| t.admission_order);
@@ -175,6 +189,7 @@ mod tests {
         id: usize,
         phase: SlotPhase,
         t: SlotTokens,
+        draft: usize,
     }
 
     const LIMITS: StepLimits = StepLimits {
@@ -183,7 +198,10 @@ mod tests {
     };
 
     fn plan_step(slots: &[S], limits: StepLimits, rotation: usize) -> Packing {
-        let v: Vec<_> = slots.iter().map(|s| (s.id, s.phase, &s.t)).collect();
+        let v: Vec<_> = slots
+            .iter()
+            .map(|s| (s.id, s.phase, &s.t, s.draft))
+            .collect();
         pack(&v, limits, rotation)
     }
 
@@ -216,6 +234,7 @@ mod tests {
                 preempted: false,
                 admission_order: order,
             },
+            draft: 0,
         }
     }
 
@@ -253,7 +272,8 @@ mod tests {
                 slot: 0,
                 n_tokens: 5,
                 decode: false,
-                output: true
+                output: true,
+                draft: 0,
             }
         );
         assert_eq!(plan.spans[1].n_tokens, 59);
@@ -272,6 +292,30 @@ mod tests {
         });
         slots[1].t.preempted = true;
         assert!(plan_step(&slots, LIMITS, 0).spans.is_empty());
+    }
+
+    #[test]
+    fn drafts_ride_after_every_pending_token_and_before_prompt_chunks() {
+        let mut slots = vec![
+            slot(0, SlotPhase::Decode, 10, 10, true, 0),
+            slot(1, SlotPhase::Decode, 10, 10, true, 1),
+            slot(2, SlotPhase::Prefill, 1000, 0, false, 2),
+        ];
+        slots[0].draft = 8;
+        slots[1].draft = 3;
+        let plan = plan_step(&slots, LIMITS, 0);
+        assert_eq!((plan.spans[0].n_tokens, plan.spans[0].draft), (9, 8));
+        assert_eq!((plan.spans[1].n_tokens, plan.spans[1].draft), (4, 3));
+        assert_eq!(plan.spans[2].n_tokens, 64 - 13);
+        // A tight budget keeps every pending token and cuts drafts first.
+        let tight = StepLimits {
+            budget: 6,
+            n_ubatch: 64,
+        };
+        let plan = plan_step(&slots, tight, 0);
+        assert_eq!(plan.spans.len(), 2);
+        assert_eq!((plan.spans[0].n_tokens, plan.spans[0].draft), (5, 4));
+        assert_eq!((plan.spans[1].n_tokens, plan.spans[1].draft), (1, 0));
     }
 
     #[test]

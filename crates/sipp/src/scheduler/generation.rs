@@ -152,6 +152,7 @@ mod tests {
             constraint: None,
             logprobs: None,
             reasoning_budget: None,
+            speculative: Default::default(),
         }
     }
 

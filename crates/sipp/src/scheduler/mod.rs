@@ -17,6 +17,7 @@ mod generation;
 pub mod plan;
 mod schedule;
 mod slot;
+pub mod speculate;
 mod update;
 
 #[cfg(test)]
@@ -29,8 +30,8 @@ pub use plan::{
     SampledToken, SamplerSetup, SpanKind, SpanOutcome, SpanResult, StepOutput, StepPlan,
 };
 pub use slot::{
-    PrefillKind, PrefixWait, Running, Slot, SlotCounters, SlotExecutionPlan, SlotPhase, SlotTokens,
-    Task, TerminalAction, Timing,
+    PrefillKind, PrefixWait, Proposal, Running, Slot, SlotCounters, SlotExecutionPlan, SlotPhase,
+    SlotTokens, Task, TerminalAction, Timing,
 };
 pub use update::Updated;
 
@@ -78,6 +79,9 @@ pub struct SchedulerConfig {
     pub model_is_encoder: bool,
     /// Log each finished request.
     pub log_requests: bool,
+    /// Fixed cost of a step over the cost of a batch row, for speculative
+    /// drafts (0: measured from the batches that run).
+    pub row_cost_ratio: f32,
 }
 
 /// Slots, the queue, and the decisions over them.
@@ -96,6 +100,8 @@ pub struct Scheduler {
     admissions: u64,
     /// A slot was freed: preempted slots resume at the next step.
     resume_due: bool,
+    /// What a batch row costs against a step (which drafts pay).
+    row_cost: speculate::RowCost,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -122,6 +128,7 @@ impl Scheduler {
             rotation: 0,
             admissions: 0,
             resume_due: false,
+            row_cost: speculate::RowCost::new(config.row_cost_ratio),
         }
     }
 

@@ -70,7 +70,7 @@ pub struct Resume {
 pub enum SpanKind {
     /// A chunk of the context still to compute.
     Prompt,
-    /// Sampled tokens (one per step today; several once drafts are verified).
+    /// The sampled token fed back, and the tokens drafted after it.
     Decode,
 }
 
@@ -97,6 +97,13 @@ pub struct BatchSpan {
     pub logprobs: Option<usize>,
     /// The token the last output row must produce instead of sampling.
     pub forced: Option<Token>,
+    /// The last `draft` rows are drafted tokens to verify: a token sampled at
+    /// row k is kept, and row k + 1 read, only while it equals row k + 1's
+    /// token; the rows of rejected tokens leave the KV cache.
+    pub draft: usize,
+    /// Set when the draft model drafts those rows as the step runs (they hold
+    /// placeholders until then): the slot's tokens, context and pending.
+    pub draft_history: Option<Vec<Token>>,
 }
 
 /// What the executor does with an output row.
@@ -198,6 +205,9 @@ pub struct SpanOutcome {
     pub request_id: RequestId,
     /// The result.
     pub result: SpanResult,
+    /// Drafted tokens the span verified (fewer than planned when the draft
+    /// model ended its text or had no room).
+    pub drafted: usize,
 }
 
 /// What became of the batch.
@@ -224,6 +234,8 @@ pub struct StepOutput {
     pub sampler_failures: Vec<(SlotId, EngineError)>,
     /// The batch.
     pub batch: BatchOutcome,
+    /// Rows run and the time they took (decode and sampling), in ns.
+    pub timing: Option<(usize, u64)>,
 }
 
 /// A freed slot's KV and sampler, for the executor to release.

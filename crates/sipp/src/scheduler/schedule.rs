@@ -10,8 +10,9 @@ use super::plan::{
     Admission, Batch, BatchSpan, PrefixShare, ReadKind, Resume, SamplerSetup, SpanKind, StepPlan,
 };
 use super::slot::{
-    PrefillKind, PrefixWait, SlotExecutionPlan, SlotPhase, SlotTokens, TerminalAction,
+    PrefillKind, PrefixWait, Proposal, SlotExecutionPlan, SlotPhase, SlotTokens, TerminalAction,
 };
+use super::speculate::{worth_keeping, SpecState};
 use super::{Queued, Scheduler, SlotId};
 use crate::config::CacheMode;
 use crate::engine::{EngineError, PreparedKind};
@@ -27,6 +28,10 @@ struct DraftSlot<'a> {
     repeatable: bool,
     logprobs: Option<usize>,
     forced: Option<Token>,
+    /// What it drafts for this step (speculative decoding).
+    draft: Proposal,
+    /// Its drafts' acceptance and record.
+    spec: SpecState,
 }
 
 /// The state a plan is made on, changed decision by decision.
@@ -49,6 +54,8 @@ impl<'a> Draft<'a> {
                     repeatable: r.repeatable,
                     logprobs: r.logprobs(),
                     forced: r.forced_next(),
+                    draft: r.draft(s.n_ctx),
+                    spec: r.spec,
                 })
             })
             .collect();
@@ -169,6 +176,8 @@ impl Scheduler {
                 repeatable: req.repeatable,
                 logprobs: admission.sampler.as_ref().and_then(|s| s.spec.logprobs),
                 forced: None,
+                draft: Proposal::None,
+                spec: SpecState::default(),
             });
             d.plan.admissions.push(admission);
         }
@@ -323,14 +332,20 @@ impl Scheduler {
     }
 
     /// Packs the batch, making room first when it does not fit the free
-    /// cells: idle sequences are evicted, then the newest running slot is
-    /// preempted, and a lone request that cannot fit fails.
+    /// cells: drafts are dropped, then idle sequences are evicted, then the
+    /// newest running slot is preempted, and a lone request that cannot fit
+    /// fails.
     fn plan_batch(&self, d: &mut Draft<'_>, policy: &ReusePolicy, mut short_of_room: bool) {
+        self.prune_drafts(d);
+        let mut drafts = true;
         let packing = loop {
             let packing = {
                 let view: Vec<_> = d
                     .busy()
-                    .map(|(i, s)| (i, s.phase, s.tokens.as_ref()))
+                    .map(|(i, s)| {
+                        let draft = if drafts { s.draft.len() } else { 0 };
+                        (i, s.phase, s.tokens.as_ref(), draft)
+                    })
                     .collect();
                 pack(&view, self.limits, self.rotation as usize)
             };
@@ -340,6 +355,10 @@ impl Scheduler {
             let fits = d.kv.cells_free() >= packing.n_rows() as u32;
             if fits && !short_of_room {
                 break packing;
+            }
+            if drafts && packing.spans.iter().any(|s| s.draft > 0) {
+                drafts = false;
+                continue;
             }
             let forced = std::mem::take(&mut short_of_room);
             if !self.make_room(d, policy, &packing) {
@@ -355,6 +374,40 @@ impl Scheduler {
             kind: packing.kind,
             spans: packing.spans.iter().map(|s| to_span(d, s)).collect(),
         };
+    }
+
+    /// Cuts each draft to the tokens worth their rows ([`worth_keeping`]),
+    /// given the step's decode rows.
+    fn prune_drafts(&self, d: &mut Draft<'_>) {
+        let decoding: Vec<SlotId> = d
+            .busy()
+            .filter(|(_, s)| matches!(s.phase, SlotPhase::Decode | SlotPhase::EmitBuffered))
+            .map(|(i, _)| i)
+            .collect();
+        let asks: Vec<(usize, f64, bool)> = decoding
+            .iter()
+            .map(|&i| {
+                let s = d.slots[i].as_ref().expect("busy");
+                let probe = s.spec.probe_due(decoding.len());
+                (s.draft.len(), s.spec.acceptance(), probe)
+            })
+            .collect();
+        if asks.iter().all(|a| a.0 == 0) {
+            return;
+        }
+        let n = decoding.len() as f64;
+        let keep = worth_keeping(&asks, n, n, self.row_cost.ratio());
+        for (&i, k) in decoding.iter().zip(keep) {
+            let s = d.slots[i].as_mut().expect("busy");
+            match &mut s.draft {
+                Proposal::Tokens(t) => t.truncate(k),
+                Proposal::Model { n, .. } => *n = (*n).min(k),
+                Proposal::None => {}
+            }
+            if s.draft.is_empty() {
+                s.draft = Proposal::None;
+            }
+        }
     }
 
     /// One room-making decision. Returns false when nothing could be freed.
@@ -407,11 +460,14 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
     let t = ds.tokens.as_ref();
     let start = t.prefill_cursor;
     let (kind, tokens, outputs) = if s.decode {
-        (
-            SpanKind::Decode,
-            t.pending.clone(),
-            (0..s.n_tokens).collect(),
-        )
+        let mut rows = t.pending.clone();
+        match &ds.draft {
+            Proposal::Tokens(d) => rows.extend_from_slice(&d[..s.draft]),
+            // Placeholders: the draft model fills them in when the step runs.
+            Proposal::Model { .. } => rows.extend(std::iter::repeat_n(rows[0], s.draft)),
+            Proposal::None => {}
+        }
+        (SpanKind::Decode, rows, (0..s.n_tokens).collect())
     } else {
         let rows = t.context[start..start + s.n_tokens].to_vec();
         let outputs = if s.output {
@@ -435,5 +491,10 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
         },
         logprobs: ds.logprobs,
         forced: ds.forced,
+        draft: s.draft,
+        draft_history: match &ds.draft {
+            Proposal::Model { history, .. } if s.decode && s.draft > 0 => Some(history.clone()),
+            _ => None,
+        },
     }
 }

@@ -6,7 +6,9 @@ use serde::Serialize;
 
 use super::generation::Generation;
 use super::plan::Admission;
+use super::speculate::{ngram_draft, SpecState};
 use super::{RequestId, SlotId};
+use crate::config::SpeculativeMode;
 use crate::engine::{EventSink, RequestStats};
 use crate::runtime::Token;
 use crate::session::SeqLease;
@@ -196,6 +198,8 @@ pub struct Running {
     pub cache_prompt: bool,
     /// Runs alone: nothing else is admitted while it holds its slot.
     pub repeatable: bool,
+    /// Speculative decoding's controller and counts.
+    pub spec: SpecState,
 }
 
 impl Running {
@@ -226,7 +230,88 @@ impl Running {
             ttft_ms: t.first_token.map_or(0.0, |f| ms(f - t.submitted)),
             generated_tokens: self.counters.generated_tokens,
             decode_ms: t.first_token.map_or(0.0, |f| ms(now - f)),
+            drafted_tokens: self.spec.drafted,
+            accepted_tokens: self.spec.accepted,
         }
+    }
+
+    /// What this slot drafts for the next step to verify after its pending
+    /// token: nothing unless it is decoding with speculation on, no token is
+    /// forced next, and there is room in the context and in `max_tokens` for
+    /// more than one more token.
+    pub fn draft(&self, n_ctx: usize) -> Proposal {
+        let Task::Generate(g) = &self.task else {
+            return Proposal::None;
+        };
+        let spec = &g.spec.speculative;
+        let t = &self.tokens;
+        let decoding = matches!(self.phase, SlotPhase::Decode | SlotPhase::EmitBuffered);
+        if !spec.is_on()
+            || !decoding
+            || t.pending.len() != 1
+            || t.preempted
+            || t.prefill_cursor != t.context.len()
+            || g.forced_next().is_some()
+        {
+            return Proposal::None;
+        }
+        // The pending token takes position context.len(); drafts follow it.
+        let fed = t.context.len() + 1;
+        let room = n_ctx.saturating_sub(fed);
+        let left = g.spec.max_tokens.saturating_sub(g.tokens.len() + 1);
+        let n = spec.n_max.min(room).min(left);
+        if n == 0 {
+            return Proposal::None;
+        }
+        let mut history = Vec::with_capacity(fed);
+        history.extend_from_slice(&t.context);
+        history.extend_from_slice(&t.pending);
+        match spec.mode {
+            SpeculativeMode::Off => Proposal::None,
+            SpeculativeMode::Ngram => {
+                let d = ngram_draft(&history, spec.ngram_min, spec.ngram_max, n);
+                if d.is_empty() {
+                    Proposal::None
+                } else {
+                    Proposal::Tokens(d)
+                }
+            }
+            SpeculativeMode::Draft => Proposal::Model { n, history },
+        }
+    }
+}
+
+/// What a decoding slot drafts for the next step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Proposal {
+    /// Nothing: one token this step.
+    #[default]
+    None,
+    /// Tokens drafted by n-gram lookup.
+    Tokens(Vec<Token>),
+    /// Up to `n` tokens, drafted by the draft model when the step runs, after
+    /// the slot's tokens (`history`: its context and pending token).
+    Model {
+        /// Most tokens.
+        n: usize,
+        /// The slot's tokens.
+        history: Vec<Token>,
+    },
+}
+
+impl Proposal {
+    /// Rows the draft may take.
+    pub fn len(&self) -> usize {
+        match self {
+            Proposal::None => 0,
+            Proposal::Tokens(t) => t.len(),
+            Proposal::Model { n, .. } => *n,
+        }
+    }
+
+    /// Whether nothing is drafted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

@@ -43,6 +43,7 @@ fn harness(slots: usize, n_seq: u32, n_ctx: u32, budget: usize, mode: CacheMode)
                 min_prefix: 4,
                 model_is_encoder: false,
                 log_requests: false,
+                row_cost_ratio: 0.0,
             },
             vocab,
         ),
@@ -62,6 +63,7 @@ fn spec(max_tokens: usize) -> GenerateSpec {
         constraint: None,
         logprobs: None,
         reasoning_budget: None,
+        speculative: Default::default(),
     }
 }
 
@@ -128,6 +130,7 @@ impl Harness {
                     slot: span.slot,
                     request_id: span.request_id,
                     result,
+                    drafted: 0,
                 }
             })
             .collect();

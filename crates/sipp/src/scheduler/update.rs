@@ -77,12 +77,15 @@ impl Scheduler {
         for &(seq, n) in &out.short {
             self.came_up_short(seq, n);
         }
+        if let Some((rows, ns)) = out.timing {
+            self.row_cost.observe(rows, ns);
+        }
         if let BatchOutcome::Ran(outcomes) = out.batch {
             self.rotation += 1;
             for (span, o) in plan.batch.spans.iter().zip(outcomes) {
                 debug_assert_eq!(span.slot, o.slot);
                 if self.slots[span.slot].serves(o.request_id) {
-                    self.apply_span(span, o.result, now, &mut u);
+                    self.apply_span(span, o.result, o.drafted, now, &mut u);
                 }
             }
         }
@@ -130,13 +133,23 @@ impl Scheduler {
             },
             cache_prompt: a.cache_prompt,
             repeatable: req.repeatable,
+            spec: Default::default(),
         };
         let r = Box::new(r);
         u.emit(&r, RequestEvent::Started);
         self.slots[a.slot] = Slot::Busy(r);
     }
 
-    fn apply_span(&mut self, span: &BatchSpan, result: SpanResult, now: Instant, u: &mut Updated) {
+    /// Applies one span's result; `drafted` of its planned draft rows were
+    /// verified.
+    fn apply_span(
+        &mut self,
+        span: &BatchSpan,
+        result: SpanResult,
+        drafted: usize,
+        now: Instant,
+        u: &mut Updated,
+    ) {
         let slot = span.slot;
         match result {
             SpanResult::Failed(e) => return self.fail(slot, e, u),
@@ -145,20 +158,42 @@ impl Scheduler {
         }
         let r = self.slots[slot].running_mut().expect("served slot is busy");
         let t = &mut r.tokens;
+        // Rows past the pending tokens are drafts: only accepted ones stay.
+        let fed = span.tokens.len() - span.draft;
         if span.kind == SpanKind::Decode {
-            let fed = span.tokens.len();
             t.context.extend(t.pending.drain(..fed));
             r.counters.decode_steps += 1;
         } else {
             r.counters.prefill_steps += 1;
         }
-        t.prefill_cursor = span.start + span.tokens.len();
+        t.prefill_cursor = span.start + fed;
         let caught_up = t.prefill_cursor == t.context.len();
         if caught_up && r.timing.prefill_done.is_none() {
             r.timing.prefill_done = Some(now);
         }
         match result {
-            SpanResult::Sampled(tokens) => self.accept(slot, tokens, now, u),
+            SpanResult::Sampled(tokens) => {
+                let accepted = if span.kind == SpanKind::Decode {
+                    tokens.len().saturating_sub(1).min(drafted)
+                } else {
+                    0
+                };
+                if let Task::Generate(g) = &r.task {
+                    if span.kind == SpanKind::Decode && g.spec.speculative.is_on() {
+                        r.spec.record(drafted, accepted);
+                    }
+                }
+                self.accept(slot, tokens, now, u);
+                // Accepted drafts are already in the KV cache: they move from
+                // the pending tokens into the context.
+                if let Some(r) = self.slots[slot].running_mut() {
+                    if accepted > 0 && r.tokens.request_id == span.request_id {
+                        let t = &mut r.tokens;
+                        t.context.extend(t.pending.drain(..accepted));
+                        t.prefill_cursor += accepted;
+                    }
+                }
+            }
             SpanResult::GrammarExhausted => {
                 let generated = r.counters.generated_tokens;
                 self.fail(slot, EngineError::GrammarExhausted { generated }, u);

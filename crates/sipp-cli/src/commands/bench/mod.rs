@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use sipp::engine::{EmbedRequest, RequestEvent};
+use sipp::config::SpeculativeMode;
+use sipp::engine::{EmbedRequest, RequestEvent, SpeculativeRequest};
 use sipp::sampling::{OutputConstraint, SamplingParams};
 use sipp::{Engine, GenerateRequest};
 
 use crate::common::{load_engine, CliError, ModelArgs};
+
+mod grounded;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -36,6 +39,12 @@ pub enum Workload {
     Tools,
     /// C x R embedding inputs one by one, then from C concurrent clients.
     Embed,
+    /// Speculative decoding: the grounded tasks (rename a variable in a
+    /// function, answer with quotes, summarize, extract JSON; see
+    /// `bench/grounded.rs`) and the free-text `generate` prompts, single
+    /// stream and C streams, with speculation off and with n-gram drafts
+    /// (`--speculative-modes`), side by side.
+    Grounded,
 }
 
 #[derive(Args, Debug)]
@@ -74,6 +83,15 @@ pub struct BenchArgs {
     /// Print only the JSON report.
     #[arg(long)]
     pub json: bool,
+    /// Speculative modes the grounded workload compares, sent per request
+    /// (`server` sends none: the server's own setting, e.g. llama-server's
+    /// `--spec-type`).
+    #[arg(
+        long = "speculative-modes",
+        value_delimiter = ',',
+        default_value = "off,ngram"
+    )]
+    pub speculative_modes: Vec<String>,
 }
 
 /// One request as the bench sends it.
@@ -86,28 +104,54 @@ pub struct BenchRequest {
     /// Generate exactly max_tokens (end-of-generation banned).
     pub ignore_eos: bool,
     pub constraint: Option<OutputConstraint>,
+    /// Speculative decoding asked for (`None`: the target's own setting).
+    pub speculative: Option<SpeculativeMode>,
 }
 
 /// One request's timeline.
 #[derive(Debug, Clone, Default)]
 pub struct Sample {
     pub ttft: Duration,
+    /// Gaps between arrivals (a streamed chunk, or a delta of one or more
+    /// tokens), and the tokens each brought.
     pub itls: Vec<Duration>,
+    pub itl_tokens: Vec<usize>,
     pub tokens: usize,
+    /// Tokens in the first arrival.
+    pub first_tokens: usize,
     pub first_token_at: Option<Instant>,
     pub end_at: Option<Instant>,
     pub text: String,
+    /// Tokens drafted and accepted by speculative decoding, when known.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl Sample {
-    /// Decode speed of this request after its first token.
+    /// Decode speed of this request after its first arrival, in tokens.
     fn decode_tokens_per_s(&self) -> f64 {
         let t: f64 = self.itls.iter().map(Duration::as_secs_f64).sum();
+        let n = self.tokens.saturating_sub(self.first_tokens);
         if t > 0.0 {
-            self.itls.len() as f64 / t
+            n as f64 / t
         } else {
             0.0
         }
+    }
+
+    /// A server's streamed chunks are counted one token each while they
+    /// arrive; its usage says how many tokens there were: spread them.
+    fn settle_tokens(&mut self, usage: usize) {
+        let chunks: usize = self.first_tokens + self.itl_tokens.iter().sum::<usize>();
+        if usage == 0 || chunks == 0 || usage == chunks {
+            return;
+        }
+        let scale = usage as f64 / chunks as f64;
+        self.itl_tokens
+            .iter_mut()
+            .for_each(|n| *n = ((*n as f64) * scale).round() as usize);
+        self.first_tokens = usage - self.itl_tokens.iter().sum::<usize>().min(usage);
+        self.tokens = usage;
     }
 }
 
@@ -158,6 +202,9 @@ impl HttpTarget {
         if let Some(OutputConstraint::JsonSchema(s)) = &r.constraint {
             body["json_schema"] = s.clone();
         }
+        if let Some(m) = r.speculative {
+            body["speculative"] = serde_json::json!({"mode": m.as_str()});
+        }
         let start = Instant::now();
         let resp = self
             .post("/v1/completions", &body)
@@ -195,6 +242,12 @@ impl HttpTarget {
                     if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                         usage_tokens = Some(n as usize);
                     }
+                    // llama-server reports its drafts in `timings`.
+                    if let Some(n) = v["timings"]["draft_n"].as_u64() {
+                        sample.drafted = n as usize;
+                        sample.accepted =
+                            v["timings"]["draft_n_accepted"].as_u64().unwrap_or(0) as usize;
+                    }
                     let text = v["choices"][0]["text"].as_str().unwrap_or_default();
                     if !text.is_empty() {
                         sample.text.push_str(text);
@@ -204,7 +257,7 @@ impl HttpTarget {
             }
         }
         if let Some(n) = usage_tokens {
-            sample.tokens = n;
+            sample.settle_tokens(n);
         }
         sample.end_at = Some(Instant::now());
         Ok(sample)
@@ -243,6 +296,10 @@ impl Target {
                     cache_prompt: r.cache_prompt,
                     constraint: r.constraint.clone(),
                     sampling: Some(SamplingParams::greedy()),
+                    speculative: r.speculative.map(|m| SpeculativeRequest {
+                        mode: Some(m),
+                        n_max: None,
+                    }),
                     ..GenerateRequest::new(r.prompt.as_str())
                 };
                 let start = Instant::now();
@@ -256,8 +313,10 @@ impl Target {
                                 sample.record_tokens(start, d.tokens.len());
                             }
                         }
-                        RequestEvent::Finished(_) => {
+                        RequestEvent::Finished(c) => {
                             sample.end_at = Some(Instant::now());
+                            sample.drafted = c.stats.drafted_tokens;
+                            sample.accepted = c.stats.accepted_tokens;
                             return Ok(sample);
                         }
                         RequestEvent::Failed(e) => return Err(e.to_string()),
@@ -289,10 +348,12 @@ impl Sample {
             None => {
                 self.ttft = now - start;
                 self.first_token_at = Some(now);
+                self.first_tokens = n;
             }
             Some(_) => {
                 let prev = self.end_at.unwrap_or(now);
                 self.itls.push(now - prev);
+                self.itl_tokens.push(n);
             }
         }
         // `end_at` doubles as "last token at" until the request finishes.
@@ -320,6 +381,8 @@ pub struct ScenarioReport {
     /// last first token to the last finish), per second: the figure comparable
     /// to llama-batched-bench's S_TG.
     pub lockstep_decode_tokens_per_s: f64,
+    /// Share of drafted tokens accepted, when the target reports drafts.
+    pub draft_acceptance: Option<f64>,
 }
 
 pub fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -349,11 +412,13 @@ pub fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) ->
                     let mut t = s.first_token_at.unwrap_or(f);
                     s.itls
                         .iter()
-                        .filter(|d| {
+                        .zip(&s.itl_tokens)
+                        .filter(|(d, _)| {
                             t += **d;
                             t > f
                         })
-                        .count()
+                        .map(|(_, n)| n)
+                        .sum::<usize>()
                 })
                 .sum();
             toks as f64 / (e - f).as_secs_f64()
@@ -373,6 +438,11 @@ pub fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) ->
         itl_p99_ms: percentile(&mut itl, 99.0),
         request_decode_tokens_per_s: percentile(&mut decode, 50.0),
         lockstep_decode_tokens_per_s: lockstep,
+        draft_acceptance: {
+            let drafted: usize = samples.iter().map(|s| s.drafted).sum();
+            let accepted: usize = samples.iter().map(|s| s.accepted).sum();
+            (drafted > 0).then(|| accepted as f64 / drafted as f64)
+        },
     }
 }
 
@@ -441,7 +511,7 @@ fn story_prompt(c: usize, r: usize) -> String {
 
 fn print_table(reports: &[ScenarioReport]) {
     println!(
-        "{:<26} {:>7} {:>8} {:>7} {:>9} {:>10} {:>10} {:>9} {:>9} {:>12}",
+        "{:<26} {:>7} {:>8} {:>7} {:>9} {:>10} {:>10} {:>9} {:>9} {:>12} {:>9}",
         "scenario",
         "clients",
         "requests",
@@ -451,11 +521,12 @@ fn print_table(reports: &[ScenarioReport]) {
         "ttft p99",
         "itl p50",
         "itl p99",
-        "decode tok/s"
+        "decode tok/s",
+        "accepted"
     );
     for r in reports {
         println!(
-            "{:<26} {:>7} {:>8} {:>7} {:>9.1} {:>8.1}ms {:>8.1}ms {:>7.1}ms {:>7.1}ms {:>12.1}",
+            "{:<26} {:>7} {:>8} {:>7} {:>9.1} {:>8.1}ms {:>8.1}ms {:>7.1}ms {:>7.1}ms {:>12.1} {:>9}",
             r.name,
             r.clients,
             r.requests,
@@ -465,7 +536,13 @@ fn print_table(reports: &[ScenarioReport]) {
             r.ttft_p99_ms,
             r.itl_p50_ms,
             r.itl_p99_ms,
-            r.lockstep_decode_tokens_per_s
+            if r.clients == 1 {
+                r.request_decode_tokens_per_s
+            } else {
+                r.lockstep_decode_tokens_per_s
+            },
+            r.draft_acceptance
+                .map_or_else(|| "-".to_string(), |a| format!("{:.1}%", a * 100.0))
         );
     }
 }
@@ -496,6 +573,7 @@ fn generate_workload(
         cache_prompt: true,
         ignore_eos: true,
         constraint: None,
+        speculative: None,
     });
     let mut out = Outcome::default();
     // Warm-up: first-touch costs (page faults, thread start) stay out of the figures.
@@ -583,6 +661,7 @@ fn shared_prefix_workload(
             cache_prompt: cache,
             ignore_eos: true,
             constraint: None,
+            speculative: None,
         })
     };
     let mut out = Outcome::default();
@@ -592,6 +671,7 @@ fn shared_prefix_workload(
         cache_prompt: false,
         ignore_eos: true,
         constraint: None,
+        speculative: None,
     });
     run_clients(rt, target, 1, 1, warm)?;
     let off = if args.no_baseline {
@@ -658,6 +738,7 @@ fn conversations(
                                 cache_prompt: cache,
                                 ignore_eos: true,
                                 constraint: None,
+                                speculative: None,
                             })
                             .await?;
                         history.push_str(&s.text);
@@ -759,6 +840,7 @@ fn constrained_workload(
             cache_prompt: true,
             ignore_eos: !constrained,
             constraint: constrained.then(|| OutputConstraint::JsonSchema(bench_schema())),
+            speculative: None,
         })
     };
     let mut out = Outcome::default();
@@ -847,6 +929,7 @@ fn tools_workload(
             cache_prompt: true,
             ignore_eos: false,
             constraint: constraint.clone(),
+            speculative: None,
         })
     };
     let mut out = Outcome::default();
@@ -860,6 +943,7 @@ fn tools_workload(
         cache_prompt: true,
         ignore_eos: true,
         constraint: None,
+        speculative: None,
     });
     let (fs, fw) = run_clients(rt, target, args.clients, args.requests, free_req)?;
     let plain = report("free text, same lengths", args.clients, &fs, fw);
@@ -995,6 +1079,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Workload::Constrained => constrained_workload(&rt, &target, &args)?,
         Workload::Tools => tools_workload(&rt, &target, &args)?,
         Workload::Embed => embed_workload(&rt, &target, &args)?,
+        Workload::Grounded => grounded::workload(&rt, &target, &args)?,
     };
     if let Target::Local(engine) = &target {
         let m = engine.metrics();
