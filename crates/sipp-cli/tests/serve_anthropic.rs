@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Server;
+use common::{run_python_client, Server};
 
 #[test]
 fn the_anthropic_python_client_works_against_sipp() {
@@ -21,20 +21,11 @@ fn the_anthropic_python_client_works_against_sipp() {
         .as_str()
         .expect("a model id")
         .to_string();
-    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = common::manifest_dir().join("tests/anthropic_client.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(&s.base)
-        .arg(key)
-        .arg(&model)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
-        "anthropic client failed (scripts/test.sh installs the anthropic package):\nstdout: {}\nstderr: {}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
+    run_python_client(
+        &s,
+        "SIPP_PYTHON",
+        "anthropic_client.py",
+        &[key, &model],
+        "anthropic client failed (scripts/test.sh installs the anthropic package)",
     );
 }

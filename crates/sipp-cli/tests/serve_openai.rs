@@ -2,28 +2,17 @@
 
 mod common;
 
-use common::{two_model_config, Server};
+use common::{run_python_client, two_model_server};
 
 #[test]
 fn the_openai_python_client_works_against_sipp() {
-    let dir = std::env::temp_dir().join(format!("sipp-openai-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
-    let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
-    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = common::manifest_dir().join("tests/openai_client.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(&s.base)
-        .arg("sk-local")
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
-        "openai client failed (scripts/test.sh installs the openai package):\nstdout: {}\nstderr: {}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
+    let s = two_model_server("openai");
+    run_python_client(
+        &s,
+        "SIPP_PYTHON",
+        "openai_client.py",
+        &["sk-local"],
+        "openai client failed (scripts/test.sh installs the openai package)",
     );
 }
 
@@ -32,25 +21,13 @@ fn the_openai_python_client_works_against_sipp() {
 /// and bad tool input (tests/tools_client.py).
 #[test]
 fn the_openai_python_client_calls_tools_through_sipp() {
-    let dir = std::env::temp_dir().join(format!("sipp-openai-tools-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
-    let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
-    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = common::manifest_dir().join("tests/tools_client.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(&s.base)
-        .arg("sk-local")
-        .arg("smol")
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
-        "tool calls through the openai client failed (scripts/test.sh installs openai and jsonschema):\nstdout: {}\nstderr: {}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
+    let s = two_model_server("openai-tools");
+    run_python_client(
+        &s,
+        "SIPP_PYTHON",
+        "tools_client.py",
+        &["sk-local", "smol"],
+        "tool calls through the openai client failed (scripts/test.sh installs openai and jsonschema)",
     );
 }
 
@@ -59,24 +36,12 @@ fn the_openai_python_client_calls_tools_through_sipp() {
 /// (tests/agents_client.py).
 #[test]
 fn an_agent_framework_runs_a_tool_loop_against_sipp() {
-    let dir = std::env::temp_dir().join(format!("sipp-agents-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
-    let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
-    let python = std::env::var("SIPP_AGENTS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = common::manifest_dir().join("tests/agents_client.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(&s.base)
-        .arg("sk-local")
-        .arg("smol")
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
-        "the agent framework's tool loop failed (scripts/test.sh installs openai-agents into $SIPP_AGENTS_VENV):\nstdout: {}\nstderr: {}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
+    let s = two_model_server("agents");
+    run_python_client(
+        &s,
+        "SIPP_AGENTS_PYTHON",
+        "agents_client.py",
+        &["sk-local", "smol"],
+        "the agent framework's tool loop failed (scripts/test.sh installs openai-agents into $SIPP_AGENTS_VENV)",
     );
 }

@@ -219,3 +219,33 @@ pub fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
+
+/// `sipp serve` on the two-model config (`two_model_config`) with the API
+/// key `sk-local`; `tag` names its temporary folder.
+pub fn two_model_server(tag: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!("sipp-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
+    Server::start(&["--config", cfg.to_str().expect("utf8")])
+}
+
+/// Runs the Python client `tests/<script>` against `s` (its base URL, then
+/// `args`) with the interpreter named by the environment variable
+/// `python_env` (python3 when unset), and asserts it succeeded and printed
+/// `ok`; on failure `what` says what failed and what installs its packages.
+pub fn run_python_client(s: &Server, python_env: &str, script: &str, args: &[&str], what: &str) {
+    let python = std::env::var(python_env).unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .arg(manifest_dir().join("tests").join(script))
+        .arg(&s.base)
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "{what}:\nstdout: {}\nstderr: {}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+}

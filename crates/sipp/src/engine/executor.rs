@@ -275,7 +275,7 @@ impl<B: Backend> Executor<B> {
         };
         for (&i, draft) in asking.iter().zip(got) {
             let s = &mut filled[i];
-            let fed = s.tokens.len() - s.draft;
+            let fed = s.fed_rows();
             s.tokens.truncate(fed);
             s.draft = draft.len().min(s.draft);
             s.tokens.extend_from_slice(&draft[..s.draft]);
@@ -288,7 +288,7 @@ impl<B: Backend> Executor<B> {
     /// `sampled - 1` drafted tokens were accepted; the KV rows of the rest
     /// leave the cache and the mirror before anything else runs.
     fn drop_rejected(&mut self, kv: &mut KvSessions, span: &BatchSpan, sampled: usize) {
-        let fed = span.tokens.len() - span.draft;
+        let fed = span.fed_rows();
         let accepted = sampled.saturating_sub(fed).min(span.draft);
         self.metrics
             .draft_tokens

@@ -106,6 +106,13 @@ pub struct BatchSpan {
     pub draft_history: Option<Vec<Token>>,
 }
 
+impl BatchSpan {
+    /// Rows before the draft: the prompt chunk, or the pending token.
+    pub fn fed_rows(&self) -> usize {
+        self.tokens.len() - self.draft
+    }
+}
+
 /// What the executor does with an output row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadKind {

@@ -159,7 +159,7 @@ impl Scheduler {
         let r = self.slots[slot].running_mut().expect("served slot is busy");
         let t = &mut r.tokens;
         // Rows past the pending tokens are drafts: only accepted ones stay.
-        let fed = span.tokens.len() - span.draft;
+        let fed = span.fed_rows();
         if span.kind == SpanKind::Decode {
             t.context.extend(t.pending.drain(..fed));
             r.counters.decode_steps += 1;
