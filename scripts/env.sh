@@ -12,10 +12,11 @@ mkdir -p "$SIPP_CACHE" "$SIPP_MODEL_DIR"
 
 sipp_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
 
-# Debian packages: cmake and libclang-dev build llama.cpp through llama-cpp-sys-2.
+# Debian packages: cmake and libclang-dev build llama.cpp through llama-cpp-sys-2;
+# chromium and its driver run the web pages' browser tests.
 ensure_system_packages() {
   local missing=()
-  for pkg in cmake libclang-dev; do
+  for pkg in cmake libclang-dev chromium chromium-driver; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }

@@ -144,3 +144,45 @@ fn inspect_describes_the_model() {
         .iter()
         .any(|t| t["name"] == "eos"));
 }
+
+/// Bad traffic policy in the server config stops `sipp serve` before it
+/// binds or loads anything: exit code 2, with the line and the field.
+#[test]
+fn bad_policy_config_fails_at_start_with_the_line() {
+    let cases = [
+        (
+            "[server.ip]\ndeny = [\"10.0.0.0/8\", \"10.2.0.0/16\"]\n",
+            "line 2",
+            "overlaps",
+        ),
+        (
+            "[server.ip]\nallow = [\"127.0.0.1/40\"]\n",
+            "line 2",
+            "not a CIDR",
+        ),
+        (
+            "[server]\napi_keys = [\n  \"sk-a\",\n  { key = \"sk-b\", models = [\"gpt\"] },\n]\n",
+            "line 4",
+            "api_keys[1].models",
+        ),
+        (
+            "[server.limits.per_key]\n\nconcurrent_requests = 0\n",
+            "line 3",
+            "concurrent_requests",
+        ),
+    ];
+    for (i, (text, line, what)) in cases.iter().enumerate() {
+        let path = tmp(&format!("bad-policy-{i}.toml"));
+        std::fs::write(&path, text).expect("write");
+        let o = sipp(&[
+            "serve",
+            "--port",
+            "0",
+            "--config",
+            path.to_str().expect("utf8"),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{text}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(line) && e.contains(what), "{text}: {e}");
+    }
+}

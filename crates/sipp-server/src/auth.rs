@@ -1,16 +1,11 @@
-//! Bearer-token authentication. Keys are compared as SHA-256 digests in
-//! constant time against every configured key, so neither the comparison nor
-//! the number of keys checked reveals a prefix of a key.
+//! API keys: which configured key a request presents. Keys are compared as
+//! SHA-256 digests in constant time against every configured key, so neither
+//! the comparison nor the number of keys checked reveals a prefix of a key.
+//! The policy ([`crate::policy::gate`]) decides what a key may do.
 
-use axum::extract::{Request, State};
-use axum::http::{header, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-
-use crate::error::ApiError;
-use crate::state::AppState;
 
 /// The digest keys are compared by.
 pub fn digest(key: &str) -> [u8; 32] {
@@ -19,41 +14,33 @@ pub fn digest(key: &str) -> [u8; 32] {
 
 /// Whether `presented` matches any of the digests; constant time in the key.
 pub fn key_matches(presented: &str, digests: &[[u8; 32]]) -> bool {
-    let d = digest(presented);
-    let mut ok = subtle::Choice::from(0u8);
-    for k in digests {
-        ok |= d.ct_eq(k);
-    }
-    ok.into()
+    key_index(presented, digests).is_some()
 }
 
-/// Rejects requests without a valid key when keys are configured: either
+/// Which digest `presented` matches. Every digest is compared, in constant
+/// time, and the index is chosen without a branch on the comparison.
+pub fn key_index(presented: &str, digests: &[[u8; 32]]) -> Option<usize> {
+    use subtle::ConditionallySelectable;
+    let d = digest(presented);
+    let mut found = subtle::Choice::from(0u8);
+    let mut index = 0u64;
+    for (i, k) in digests.iter().enumerate() {
+        let eq = d.ct_eq(k);
+        index = u64::conditional_select(&index, &(i as u64), eq);
+        found |= eq;
+    }
+    bool::from(found).then_some(index as usize)
+}
+
+/// The configured key a request presents, as its index in `digests`:
 /// `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header);
-/// when both come, either may hold the key. /health stays open unless
-/// configured otherwise; CORS preflights pass. Refusals on the Anthropic
-/// routes (`/v1/messages...`) are in Anthropic's error shape.
-pub async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if state.api_key_digests.is_empty() || req.method() == Method::OPTIONS {
-        return next.run(req).await;
-    }
-    if req.uri().path() == "/health" && !state.protect_health {
-        return next.run(req).await;
-    }
-    let anthropic = req.uri().path().starts_with("/v1/messages");
-    let refuse = |message: &str| {
-        let e = ApiError::unauthorized(message);
-        if anthropic {
-            crate::routes::anthropic::AnthropicError(e).into_response()
-        } else {
-            e.into_response()
-        }
-    };
-    let bearer = req
-        .headers()
+/// when both come, either may hold the key, and every presented key is
+/// checked, matched or not. The error is the message for a 401.
+pub fn presented_key(headers: &HeaderMap, digests: &[[u8; 32]]) -> Result<usize, &'static str> {
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let mut presented: Vec<&str> = req
-        .headers()
+    let mut presented: Vec<&str> = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
@@ -61,9 +48,7 @@ pub async fn require_key(State(state): State<AppState>, req: Request, next: Next
         .collect();
     match bearer {
         None if presented.is_empty() => {
-            return refuse(
-                "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
-            )
+            return Err("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
         }
         None => {}
         Some(h) => match h
@@ -72,20 +57,15 @@ pub async fn require_key(State(state): State<AppState>, req: Request, next: Next
         {
             Some(k) => presented.push(k.trim()),
             None if presented.is_empty() => {
-                return refuse("the Authorization header must be `Bearer <key>`")
+                return Err("the Authorization header must be `Bearer <key>`")
             }
             None => {}
         },
     }
-    // Every presented key is checked, matched or not.
-    let ok = presented
+    presented
         .iter()
-        .fold(false, |ok, k| key_matches(k, &state.api_key_digests) | ok);
-    if ok {
-        next.run(req).await
-    } else {
-        refuse("invalid API key")
-    }
+        .fold(None, |found, k| key_index(k, digests).or(found))
+        .ok_or("invalid API key")
 }
 
 #[cfg(test)]
@@ -128,6 +108,14 @@ mod tests {
             ratio < 1.3,
             "near-prefix {ma:.1} ns vs no-prefix {mb:.1} ns per check"
         );
+    }
+
+    #[test]
+    fn the_index_names_the_matching_key() {
+        let keys = vec![digest("a"), digest("b"), digest("c")];
+        assert_eq!(key_index("c", &keys), Some(2));
+        assert_eq!(key_index("a", &keys), Some(0));
+        assert_eq!(key_index("d", &keys), None);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 use serde::{Deserialize, Serialize};
 use sipp::NativeRuntimeConfig;
 
+use crate::policy::{ApiKey, IpPolicy, LimitsSection};
+
 /// The whole server configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -25,7 +27,14 @@ pub struct ServerSection {
     /// Port. Default 8080.
     pub port: u16,
     /// API keys; empty means no authentication. `SIPP_API_KEY` adds one.
-    pub api_keys: Vec<String>,
+    /// A plain string is a key with full access; a table
+    /// `{ key, name, role = "admin" | "user", models = [...], limits = {...} }`
+    /// limits it.
+    pub api_keys: Vec<ApiKey>,
+    /// Rate and in-flight limits per key and per client address.
+    pub limits: LimitsSection,
+    /// Client address allow / deny lists and trusted proxies.
+    pub ip: IpPolicy,
     /// Whether /health needs a key too. Default false.
     pub protect_health: bool,
     /// Origins allowed by CORS; empty disables CORS. `"*"` allows any.
@@ -46,6 +55,8 @@ impl Default for ServerSection {
             host: "127.0.0.1".into(),
             port: 8080,
             api_keys: Vec::new(),
+            limits: LimitsSection::default(),
+            ip: IpPolicy::default(),
             protect_health: false,
             cors_origins: Vec::new(),
             max_body_bytes: 8 * 1024 * 1024,
@@ -106,9 +117,47 @@ pub struct ModelTarget {
 }
 
 impl ServeConfig {
-    /// Parses a TOML document.
+    /// Parses a TOML document. A key's model that no target has is named
+    /// with its line (the rest of [`Self::validate`] runs later, once flags
+    /// are applied).
     pub fn from_toml(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| format!("invalid server config: {e}"))
+        let c: Self = toml::from_str(text).map_err(|e| format!("invalid server config: {e}"))?;
+        c.check_key_models(Some(text))?;
+        Ok(c)
+    }
+
+    /// Every model a key lists is a target id or alias (with the line when
+    /// the config came from `text`).
+    fn check_key_models(&self, text: Option<&str>) -> Result<(), String> {
+        let known = |name: &str| {
+            self.models
+                .iter()
+                .any(|m| m.id == name || m.aliases.iter().any(|a| a == name))
+        };
+        for (i, k) in self.server.api_keys.iter().enumerate() {
+            for m in k.models() {
+                if !known(m.get_ref()) {
+                    let at = text
+                        .map(|t| {
+                            format!(
+                                "line {}: ",
+                                crate::policy::config::line_of(t, m.span().start)
+                            )
+                        })
+                        .unwrap_or_default();
+                    return Err(format!(
+                        "invalid server config: {at}`server.api_keys[{i}].models`: no model target has the id or alias `{}`",
+                        m.get_ref()
+                    ));
+                }
+            }
+            if k.key().trim().is_empty() {
+                return Err(format!(
+                    "invalid server config: `server.api_keys[{i}].key` is empty"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks ids and runtime configs.
@@ -150,7 +199,7 @@ impl ServeConfig {
         if self.models.iter().filter(|m| m.default).count() > 1 {
             return Err("more than one model target has `default = true`".into());
         }
-        Ok(())
+        self.check_key_models(None)
     }
 }
 
@@ -199,5 +248,45 @@ embeddings = true
         assert!(ServeConfig::from_toml("[server]\nprot = 1\n")
             .unwrap_err()
             .contains("prot"));
+    }
+
+    /// Bad traffic policy fails at start, naming the line and the field.
+    #[test]
+    fn bad_policy_names_the_line_and_the_field() {
+        let models = "\n[[models]]\nid = \"chat\"\nmodel = \"default\"\naliases = [\"smol\"]\n";
+        let cases = [
+            ("[server.ip]\nallow = [\"10.0.0.0/8\", \"10.1.0.0/16\"]\n", 2, "allow", "overlaps"),
+            ("[server.ip]\ndeny = [\"10.0.0.300/8\"]\n", 2, "deny", "not a CIDR"),
+            ("[server.ip]\n\ntrusted_proxies = [\"proxy\"]\n", 3, "trusted_proxies", "not a CIDR"),
+            ("[server.limits.per_ip]\nrequests_per_minute = 0\n", 2, "requests_per_minute", "nonzero"),
+            (
+                "[server]\napi_keys = [\n  \"sk-a\",\n  { key = \"sk-b\", limits = { tokens_per_minute = 0 } },\n]\n",
+                4,
+                "tokens_per_minute",
+                "nonzero",
+            ),
+            (
+                "[server]\napi_keys = [\n  { key = \"sk-b\", models = [\"smol\", \"gpt\"] },\n]\n",
+                3,
+                "api_keys[0].models",
+                "`gpt`",
+            ),
+            ("[server]\napi_keys = [{ key = \"sk-b\", role = \"root\" }]\n", 2, "role", "root"),
+            ("[server]\napi_keys = [{ key = \"sk-b\", modles = [] }]\n", 2, "modles", "unknown field"),
+        ];
+        for (text, line, field, what) in cases {
+            let e = ServeConfig::from_toml(&format!("{text}{models}")).expect_err(text);
+            assert!(e.contains(&format!("line {line}")), "{text}: {e}");
+            assert!(e.contains(field), "{text}: {e}");
+            assert!(e.contains(what), "{text}: {e}");
+        }
+        // An alias names its target; a plain key and a table mix.
+        let c = ServeConfig::from_toml(&format!(
+            "[server]\napi_keys = [\"sk-a\", {{ key = \"sk-b\", role = \"user\", models = [\"smol\"] }}]\n{models}"
+        ))
+        .expect("valid");
+        assert_eq!(c.server.api_keys[0].role(), crate::policy::Role::Admin);
+        assert_eq!(c.server.api_keys[1].role(), crate::policy::Role::User);
+        c.validate().expect("valid");
     }
 }

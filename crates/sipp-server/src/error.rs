@@ -22,6 +22,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// The offending field.
     pub param: Option<String>,
+    /// `Retry-After` seconds on a 429 (default 1).
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -37,6 +39,7 @@ impl ApiError {
             kind,
             code,
             param: None,
+            retry_after_secs: None,
         }
     }
 
@@ -218,6 +221,9 @@ impl From<EngineError> for ApiError {
                     message,
                 )
             },
+            EngineError::RateLimited {
+                retry_after_secs, ..
+            } => Self::rate_limited(message, *retry_after_secs),
             EngineError::QueueFull { .. } => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
@@ -246,17 +252,27 @@ impl From<EngineError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
+impl ApiError {
+    /// The headers its status calls for, in either API's shape: `Retry-After`
+    /// on a 429, `WWW-Authenticate` on a 401.
+    pub fn add_headers(&self, resp: &mut Response) {
         if self.status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(self.retry_after_secs.unwrap_or(1).max(1)),
+            );
         }
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        self.add_headers(&mut resp);
         resp
     }
 }

@@ -6,8 +6,10 @@
 
 pub mod auth;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod metrics;
+pub mod policy;
 pub mod routes;
 pub mod state;
 
@@ -52,13 +54,17 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
         .route("/metrics", get(routes::ops::metrics))
         .route("/tokenize", post(routes::ops::tokenize))
         .route("/detokenize", post(routes::ops::detokenize))
+        .route("/v1/dashboard", get(routes::dashboard::state))
+        .route("/", get(routes::web::chat_page))
+        .route("/dashboard", get(routes::web::dashboard_page))
+        .route("/ui/{*path}", get(routes::web::asset))
         .fallback(routes::ops::not_found)
         .method_not_allowed_fallback(routes::ops::method_not_allowed)
         // The JSON extractor enforces the configured limit itself.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            auth::require_key,
+            policy::gate,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -90,6 +96,7 @@ pub async fn bind(config: &ServeConfig) -> std::io::Result<(tokio::net::TcpListe
         tokio::net::TcpListener::bind((config.server.host.as_str(), config.server.port)).await?;
     let state = AppState::new(config);
     state.spawn_loading(config.models.clone());
+    state.spawn_sampler();
     Ok((listener, state))
 }
 
@@ -104,7 +111,10 @@ pub async fn run(
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let router = app(state.clone(), &config.server.cors_origins);
     let st = state.clone();
-    axum::serve(listener, router)
+    // The connection's address is the client's (or its proxy's) for the
+    // traffic policy.
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: finishing in-flight requests (up to {grace:?})");

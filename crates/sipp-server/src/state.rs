@@ -45,8 +45,8 @@ pub struct AppState {
     pub(crate) targets: Arc<RwLock<BTreeMap<String, TargetState>>>,
     pub(crate) aliases: Arc<HashMap<String, String>>,
     pub(crate) default_model: Arc<String>,
-    pub(crate) api_key_digests: Arc<Vec<[u8; 32]>>,
-    pub(crate) protect_health: bool,
+    pub(crate) policy: Arc<crate::policy::Policy>,
+    pub(crate) dashboard: Arc<crate::dashboard::DashboardLog>,
     pub(crate) max_body_bytes: usize,
     pub(crate) metrics: Arc<ServerMetrics>,
     pub(crate) responses: Arc<crate::routes::responses::ResponseStore>,
@@ -91,12 +91,6 @@ impl AppState {
             .or_else(|| config.models.first())
             .map(|m| m.id.clone())
             .unwrap_or_default();
-        let api_key_digests = config
-            .server
-            .api_keys
-            .iter()
-            .map(|k| crate::auth::digest(k))
-            .collect();
         let targets = Arc::new(RwLock::new(targets));
         let metrics = ServerMetrics::default();
         metrics.attach_engines(targets.clone());
@@ -104,8 +98,8 @@ impl AppState {
             targets,
             aliases: Arc::new(aliases),
             default_model: Arc::new(default_model),
-            api_key_digests: Arc::new(api_key_digests),
-            protect_health: config.server.protect_health,
+            policy: Arc::new(crate::policy::Policy::new(config)),
+            dashboard: Arc::new(crate::dashboard::DashboardLog::default()),
             max_body_bytes: config.server.max_body_bytes,
             metrics: Arc::new(metrics),
             responses: Arc::new(crate::routes::responses::ResponseStore::new(
@@ -117,6 +111,13 @@ impl AppState {
         }
     }
 
+    /// Records a finished generation: its time to first token in /metrics
+    /// and its line in the dashboard's recent requests.
+    pub fn finished(&self, model: &str, c: &sipp::engine::Completion) {
+        self.metrics.record_ttft(model, &c.stats);
+        self.dashboard.record(model, c);
+    }
+
     /// Sets a target's state.
     pub fn set_target(&self, id: &str, state: TargetState) {
         if let Ok(mut t) = self.targets.write() {
@@ -125,7 +126,40 @@ impl AppState {
     }
 
     /// The ready target for a request's `model` (the default when absent).
+    /// Inside a request, the caller's key must be allowed the target, and a
+    /// local engine comes metered when token-rate limits apply to the caller.
     pub fn target(&self, model: Option<&str>) -> Result<(String, Target), ApiError> {
+        let (id, target) = self.resolve(model)?;
+        let Some(caller) = crate::policy::current() else {
+            return Ok((id, target));
+        };
+        if !caller.may_use(&id) {
+            return Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::forbidden(
+                    "model_not_allowed",
+                    format!(
+                        "the API key `{}` may not use the model `{}`",
+                        caller.label().unwrap_or("?"),
+                        model.unwrap_or(id.as_str())
+                    ),
+                )
+            });
+        }
+        Ok(match target {
+            Target::Local(engine) if caller.meters_tokens() => {
+                (id, Target::Local(engine.metered(caller)))
+            }
+            t => (id, t),
+        })
+    }
+
+    /// Whether the request being handled may use the target `id`.
+    pub fn caller_may_use(&self, id: &str) -> bool {
+        crate::policy::current().is_none_or(|c| c.may_use(id))
+    }
+
+    fn resolve(&self, model: Option<&str>) -> Result<(String, Target), ApiError> {
         if model.is_some_and(|m| m.trim().is_empty()) {
             return Err(ApiError::bad_field(
                 "model",

@@ -67,7 +67,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
     }
     if let Some(k) = &args.api_key {
         if !k.is_empty() {
-            cfg.server.api_keys.push(k.clone());
+            cfg.server.api_keys.push(k.clone().into());
         }
     }
     cfg.server

@@ -241,6 +241,8 @@ pub fn run_python_client(s: &Server, python_env: &str, script: &str, args: &[&st
         .args(args)
         .output()
         .expect("python runs");
+    // Figures the client printed show with `--nocapture`.
+    print!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
         "{what}:\nstdout: {}\nstderr: {}\nserver: {}",

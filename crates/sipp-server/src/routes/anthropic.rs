@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::extract::{FromRequest, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -79,14 +79,7 @@ impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
         let e = self.0;
         let mut resp = (e.status, Json(error_body(&e))).into_response();
-        if e.status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        if e.status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
+        e.add_headers(&mut resp);
         resp
     }
 }
@@ -217,7 +210,7 @@ pub async fn messages(
         output.apply(e);
     }
     if let Some(c) = &f.completion {
-        state.metrics.record_ttft(&model, &c.stats);
+        state.finished(&model, &c);
     }
     let reason = StopReason::of(f.reason, !output.calls.is_empty());
     let mut msg = MessagesResponse::new(id, model, response_content(&output), f.usage.into());
@@ -381,7 +374,7 @@ fn stream_answer(
                 Step::Done(events, f) => {
                     d.source = None;
                     if let Some(c) = &f.completion {
-                        d.state.metrics.record_ttft(&d.model, &c.stats);
+                        d.state.finished(&d.model, &c);
                     }
                     d.pending.extend(d.blocks.push(events));
                     d.pending.extend(d.blocks.finish());

@@ -1,11 +1,13 @@
 //! The HTTP routes, the JSON extractor, and the streaming driver they share.
 
 pub mod anthropic;
+pub mod dashboard;
 pub mod native;
 pub mod openai;
 pub mod ops;
 pub mod remote;
 pub mod responses;
+pub mod web;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

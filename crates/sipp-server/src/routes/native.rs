@@ -141,7 +141,7 @@ async fn generate(
                 None => vec![json_event(&StreamEvent::Delta { text: d.text })],
             },
             StreamItem::Finished(_, c) => {
-                st.metrics.record_ttft(&model, &c.stats);
+                st.finished(&model, &c);
                 match parser.take() {
                     Some(mut p) => {
                         let mut out: Vec<_> = p
@@ -167,7 +167,7 @@ async fn generate(
         .completion()
         .await
         .map_err(|e| ApiError::from(e).renamed_param("prompt", prompt_field))?;
-    state.metrics.record_ttft(&model, &c.stats);
+    state.finished(&model, &c);
     let body = match parser {
         Some(p) => {
             let output = p.parse_all(&c.text);

@@ -307,7 +307,7 @@ pub async fn completions(
                     vec![json_event(&chunk(i, text, lp, None))]
                 }
                 StreamItem::Finished(i, c) => {
-                    st.metrics.record_ttft(&model2, &c.stats);
+                    st.finished(&model2, &c);
                     usage2.record(i, c.usage);
                     let reason = c.finish_reason.openai_name().to_string();
                     // A choice that ended before any delta still echoes its prompt.
@@ -340,7 +340,7 @@ pub async fn completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            state.metrics.record_ttft(&model, &c.stats);
+            state.finished(&model, &c);
             let prefix = &echoes[i / n];
             CompletionChoice {
                 index: i,
@@ -604,7 +604,7 @@ pub async fn chat_completions(
                     }
                 }
                 StreamItem::Finished(i, c) => {
-                    st.metrics.record_ttft(&model3, &c.stats);
+                    st.finished(&model3, &c);
                     usage2.record(i, c.usage);
                     for delta in turn_deltas(parsers[i].finish()) {
                         out.push(json_event(&chunk(i, delta, None, None)));
@@ -640,7 +640,7 @@ pub async fn chat_completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            state.metrics.record_ttft(&model, &c.stats);
+            state.finished(&model, &c);
             let output = turn.parser.clone().parse_all(&c.text);
             ChatChoice {
                 index: i,

@@ -42,12 +42,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// GET /v1/models.
+/// GET /v1/models: the ready targets the caller's key may use.
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let data = state
         .target_list()
         .into_iter()
-        .filter(|(_, s)| matches!(s, TargetState::Ready(_)))
+        .filter(|(id, s)| matches!(s, TargetState::Ready(_)) && state.caller_may_use(id))
         .map(|(id, _)| ModelCard {
             id,
             object: "model".into(),
@@ -147,6 +147,7 @@ pub async fn not_found() -> ApiError {
         kind: "invalid_request_error",
         code: Some("not_found"),
         param: None,
+        retry_after_secs: None,
     }
 }
 
@@ -158,5 +159,6 @@ pub async fn method_not_allowed() -> ApiError {
         kind: "invalid_request_error",
         code: Some("method_not_allowed"),
         param: None,
+        retry_after_secs: None,
     }
 }

@@ -33,6 +33,7 @@ impl From<ClientError> for ApiError {
                 kind: "upstream_error",
                 code: None,
                 param: None,
+                retry_after_secs: None,
             },
             ClientError::Invalid { .. } | ClientError::Unsupported { .. } => {
                 ApiError::bad_request(e.to_string())
@@ -44,6 +45,7 @@ impl From<ClientError> for ApiError {
                 kind: "upstream_error",
                 code: Some("bad_gateway"),
                 param: None,
+                retry_after_secs: None,
             },
         }
     }

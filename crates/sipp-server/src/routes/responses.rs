@@ -176,6 +176,7 @@ fn not_found(message: String, param: Option<&str>) -> ApiError {
             "not_found"
         }),
         param: param.map(str::to_string),
+        retry_after_secs: None,
     }
 }
 
@@ -840,9 +841,7 @@ impl Run {
     /// stores it when asked.
     fn finish(&mut self, f: &Finished) -> ResponseObject {
         if let Some(c) = &f.completion {
-            self.state
-                .metrics
-                .record_ttft(&self.skeleton.model, &c.stats);
+            self.state.finished(&self.skeleton.model, c);
         }
         let (status, details) = match f.reason {
             FinishReason::Length => (

@@ -97,6 +97,7 @@ pub fn target(id: &str, aliases: &[&str]) -> ModelTarget {
 /// The router and its state.
 pub struct App {
     router: Router,
+    state: AppState,
     /// The engines, by target id.
     pub engines: BTreeMap<String, Engine>,
 }
@@ -172,9 +173,50 @@ impl App {
         engines: BTreeMap<String, Engine>,
     ) -> Self {
         Self {
-            router: app(state, &server.cors_origins),
+            router: app(state.clone(), &server.cors_origins),
+            state,
             engines,
         }
+    }
+
+    /// Serves the router on a loopback port, as `sipp serve` does (with each
+    /// connection's address, for the traffic policy), until the test ends.
+    pub async fn serve_tcp(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let service = self
+            .router
+            .clone()
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, service).await;
+        });
+        addr
+    }
+
+    /// Starts the state's throughput sampler (as `sipp serve` does).
+    pub fn spawn_sampler(&self) -> tokio::task::JoinHandle<()> {
+        self.state.spawn_sampler()
+    }
+
+    /// GETs a path and returns the answer unread (for streams).
+    pub async fn stream_get(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> axum::http::Response<Body> {
+        use tower::ServiceExt;
+        let mut b = Request::builder().method(Method::GET).uri(path);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        self.router
+            .clone()
+            .oneshot(b.body(Body::empty()).expect("request"))
+            .await
+            .expect("the router is infallible")
     }
 
     /// The engine of a target.

@@ -4,9 +4,11 @@
 //! the real model: real text, real JSON mode, the process and its signals.)
 
 mod anthropic;
+mod dashboard;
 mod errors;
 mod harness;
 mod lifecycle;
 mod openai;
+mod policy;
 mod responses;
 mod stream;

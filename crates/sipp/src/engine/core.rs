@@ -56,12 +56,15 @@ impl<B: Backend> EngineCore<B> {
             },
             vocab.clone(),
         );
-        Self {
+        let core = Self {
             scheduler,
             executor: Executor::new(backend, slots, metrics.clone()),
             sessions,
             metrics,
-        }
+        };
+        // Idle slots are visible before the first request.
+        core.publish_metrics();
+        core
     }
 
     /// Adds a draft model for `draft` speculation.
@@ -278,6 +281,7 @@ impl<B: Backend> EngineCore<B> {
     fn publish_metrics(&self) {
         let m = &self.metrics;
         let s = &self.sessions;
+        m.publish_slots(self.scheduler.slots());
         m.queue_depth.store(self.queue_len() as u64, Relaxed);
         m.busy_slots
             .store(self.scheduler.busy_slots() as u64, Relaxed);

@@ -2,6 +2,46 @@
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use crate::scheduler::{Slot, SlotPhase};
+
+/// One slot as the last step left it (for dashboards).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotView {
+    /// Where the slot is in serving its request (`Idle` when free).
+    pub phase: SlotPhase,
+    /// The request it serves.
+    pub request_id: Option<u64>,
+    /// Its prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of them, reused from the KV cache.
+    pub cached_tokens: usize,
+    /// Tokens generated so far.
+    pub generated_tokens: usize,
+}
+
+impl SlotView {
+    /// The view of a slot.
+    pub fn of(slot: &Slot) -> Self {
+        match slot.running() {
+            None => SlotView {
+                phase: SlotPhase::Idle,
+                request_id: None,
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                generated_tokens: 0,
+            },
+            Some(r) => SlotView {
+                phase: r.phase,
+                request_id: Some(r.tokens.request_id),
+                prompt_tokens: r.tokens.prompt_len,
+                cached_tokens: r.counters.cached_tokens,
+                generated_tokens: r.counters.generated_tokens,
+            },
+        }
+    }
+}
 
 /// Live engine figures. Counters only grow; gauges are set every step.
 #[derive(Debug, Default)]
@@ -33,6 +73,7 @@ pub struct EngineMetrics {
     pub(crate) batch_ns: AtomicU64,
     pub(crate) idle_checks: AtomicU64,
     pub(crate) invariant_violations: AtomicU64,
+    pub(crate) slots: Mutex<Vec<SlotView>>,
 }
 
 /// A copy of the metrics at one moment.
@@ -95,6 +136,19 @@ pub struct MetricsSnapshot {
 }
 
 impl EngineMetrics {
+    /// The slots as last published.
+    pub fn slot_views(&self) -> Vec<SlotView> {
+        self.slots.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Publishes the slots (into the same buffer: no allocation per step).
+    pub(crate) fn publish_slots(&self, slots: &[Slot]) {
+        if let Ok(mut views) = self.slots.lock() {
+            views.clear();
+            views.extend(slots.iter().map(SlotView::of));
+        }
+    }
+
     /// Reads every figure.
     pub fn snapshot(&self) -> MetricsSnapshot {
         MetricsSnapshot {

@@ -14,7 +14,7 @@ pub mod validate;
 
 pub use self::core::EngineCore;
 pub use executor::Executor;
-pub use metrics::{EngineMetrics, MetricsSnapshot};
+pub use metrics::{EngineMetrics, MetricsSnapshot, SlotView};
 pub use prepare::{EngineInfo, PreparedTurn, RequestPreparer, TemplateCaps};
 pub use request::{
     Completion, EmbedRequest, EmbeddingOutput, EngineError, EventSink, GenerateRequest,
@@ -69,6 +69,20 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
+    /// Charged with the tokens of every request submitted through this
+    /// clone (see [`Engine::metered`]).
+    meter: Option<Arc<dyn UsageMeter>>,
+}
+
+/// Charges a request's tokens to whoever sent it: a server's token-rate
+/// limits. The engine calls it, never decides with it.
+pub trait UsageMeter: Send + Sync {
+    /// Called once a request is prepared, before it is queued, with its
+    /// prompt tokens; an error refuses the request (nothing is queued).
+    fn admit(&self, prompt_tokens: usize) -> Result<(), EngineError>;
+    /// Called as tokens are generated (each delta's, and at the end what no
+    /// delta carried, e.g. a stop string's).
+    fn generated(&self, tokens: usize);
 }
 
 impl std::fmt::Debug for Engine {
@@ -188,6 +202,7 @@ impl Engine {
             })
             .expect("spawning the engine thread");
         Engine {
+            meter: None,
             inner: Arc::new(Inner {
                 commands: tx,
                 preparer,
@@ -215,6 +230,21 @@ impl Engine {
         self.inner.metrics.snapshot()
     }
 
+    /// Every slot as of the last step: its phase and its request's counts.
+    pub fn slot_views(&self) -> Vec<SlotView> {
+        self.inner.metrics.slot_views()
+    }
+
+    /// This engine, charging every request submitted through the returned
+    /// clone to `meter` (prompt tokens at submission, which it may refuse,
+    /// then generated tokens as they arrive).
+    pub fn metered(&self, meter: Arc<dyn UsageMeter>) -> Engine {
+        Engine {
+            inner: self.inner.clone(),
+            meter: Some(meter),
+        }
+    }
+
     /// Whether the engine thread is running.
     pub fn is_alive(&self) -> bool {
         self.inner.alive.load(Ordering::Relaxed)
@@ -227,6 +257,9 @@ impl Engine {
     ) -> Result<RequestHandle, EngineError> {
         if !self.is_alive() {
             return Err(EngineError::EngineStopped);
+        }
+        if let Some(m) = &self.meter {
+            m.admit(prepared.prompt.len())?;
         }
         let max = self.info().max_queued;
         let place = QueuePlace::reserve(&self.inner.queued, max)
@@ -246,6 +279,7 @@ impl Engine {
             events: rx,
             commands: self.inner.commands.clone(),
             done: false,
+            meter: self.meter.clone().map(|m| (m, 0)),
         })
     }
 
@@ -395,12 +429,22 @@ impl Canceller {
 
 /// A submitted request: its events, and cancellation. Dropping it cancels the
 /// request if it has not finished.
-#[derive(Debug)]
 pub struct RequestHandle {
     id: RequestId,
     events: UnboundedReceiver<RequestEvent>,
     commands: mpsc::Sender<Command>,
     done: bool,
+    /// The meter and the generated tokens charged to it so far.
+    meter: Option<(Arc<dyn UsageMeter>, usize)>,
+}
+
+impl std::fmt::Debug for RequestHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHandle")
+            .field("id", &self.id)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Command {
@@ -427,6 +471,19 @@ impl RequestHandle {
         match ev {
             Some(ev) => {
                 self.done = ev.is_final();
+                if let Some((meter, charged)) = &mut self.meter {
+                    let n = match &ev {
+                        RequestEvent::Delta(d) => d.tokens.len(),
+                        RequestEvent::Finished(c) => {
+                            c.usage.completion_tokens.saturating_sub(*charged)
+                        }
+                        _ => 0,
+                    };
+                    if n > 0 {
+                        *charged += n;
+                        meter.generated(n);
+                    }
+                }
                 Some(ev)
             }
             None => {

@@ -351,6 +351,14 @@ pub enum EngineError {
         /// The limit.
         max: usize,
     },
+    /// Refused by the caller's usage meter (a token-rate limit).
+    #[error("{message}")]
+    RateLimited {
+        /// Which limit, and by how much.
+        message: String,
+        /// Seconds until the request would fit.
+        retry_after_secs: u64,
+    },
     /// Too many requests are waiting.
     #[error("queue full: {max_queued} requests are already waiting")]
     QueueFull {
