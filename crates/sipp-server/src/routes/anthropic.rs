@@ -210,7 +210,7 @@ pub async fn messages(
         output.apply(e);
     }
     if let Some(c) = &f.completion {
-        state.finished(&model, &c);
+        state.finished(&model, c);
     }
     let reason = StopReason::of(f.reason, !output.calls.is_empty());
     let mut msg = MessagesResponse::new(id, model, response_content(&output), f.usage.into());
@@ -374,7 +374,7 @@ fn stream_answer(
                 Step::Done(events, f) => {
                     d.source = None;
                     if let Some(c) = &f.completion {
-                        d.state.finished(&d.model, &c);
+                        d.state.finished(&d.model, c);
                     }
                     d.pending.extend(d.blocks.push(events));
                     d.pending.extend(d.blocks.finish());

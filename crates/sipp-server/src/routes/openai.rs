@@ -340,7 +340,7 @@ pub async fn completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            state.finished(&model, &c);
+            state.finished(&model, c);
             let prefix = &echoes[i / n];
             CompletionChoice {
                 index: i,
@@ -640,7 +640,7 @@ pub async fn chat_completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            state.finished(&model, &c);
+            state.finished(&model, c);
             let output = turn.parser.clone().parse_all(&c.text);
             ChatChoice {
                 index: i,
