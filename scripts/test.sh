@@ -62,6 +62,7 @@ docs() { RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet -p sipp-rs -p si
 stage setup setup
 # The test venv's Python for the tests that drive official clients.
 export SIPP_PYTHON="$SIPP_VENV/bin/python"
+export SIPP_SCREENSHOTS="${SIPP_SCREENSHOTS:-$SIPP_CACHE/screenshots}"
 export SIPP_AGENTS_PYTHON="$SIPP_AGENTS_VENV/bin/python"
 stage build build
 stage models models

@@ -56,15 +56,12 @@ impl<B: Backend> EngineCore<B> {
             },
             vocab.clone(),
         );
-        let core = Self {
+        Self {
             scheduler,
             executor: Executor::new(backend, slots, metrics.clone()),
             sessions,
             metrics,
-        };
-        // Idle slots are visible before the first request.
-        core.publish_metrics();
-        core
+        }
     }
 
     /// Adds a draft model for `draft` speculation.

@@ -141,6 +141,13 @@ impl EngineMetrics {
         self.slots.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Publishes `n` idle slots (at start, before the engine thread runs).
+    pub(crate) fn publish_idle_slots(&self, n: usize) {
+        if let Ok(mut views) = self.slots.lock() {
+            *views = vec![SlotView::of(&Slot::Idle); n];
+        }
+    }
+
     /// Publishes the slots (into the same buffer: no allocation per step).
     pub(crate) fn publish_slots(&self, slots: &[Slot]) {
         if let Ok(mut views) = self.slots.lock() {

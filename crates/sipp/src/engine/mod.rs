@@ -183,6 +183,8 @@ impl Engine {
         info.has_draft_model = draft.is_some();
         let preparer = RequestPreparer::new(vocab, info);
         let metrics = Arc::new(EngineMetrics::default());
+        // Idle slots are visible as soon as the engine exists.
+        metrics.publish_idle_slots(config.slots() as usize);
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::channel();
