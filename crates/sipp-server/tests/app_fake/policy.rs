@@ -89,6 +89,16 @@ fn completion(max_tokens: u32) -> Value {
     json!({"prompt": "hello there", "max_tokens": max_tokens})
 }
 
+/// A short completion with `key`, from the client's address.
+async fn complete(
+    c: &reqwest::Client,
+    addr: SocketAddr,
+    key: Option<&str>,
+    max_tokens: u32,
+) -> Answer {
+    post(c, addr, "/v1/completions", key, &[], completion(max_tokens)).await
+}
+
 #[track_caller]
 fn assert_refused(a: &Answer, status: u16, code: &str, mentions: &str) {
     assert_eq!(a.status, status, "{}", a.body);
@@ -119,26 +129,10 @@ async fn a_key_over_its_request_rate_is_refused_while_another_key_is_served() {
     .await;
     let c = client("127.0.0.2");
     for _ in 0..2 {
-        let a = post(
-            &c,
-            addr,
-            "/v1/completions",
-            Some("sk-slow"),
-            &[],
-            completion(2),
-        )
-        .await;
+        let a = complete(&c, addr, Some("sk-slow"), 2).await;
         assert_eq!(a.status, 200, "{}", a.body);
     }
-    let a = post(
-        &c,
-        addr,
-        "/v1/completions",
-        Some("sk-slow"),
-        &[],
-        completion(2),
-    )
-    .await;
+    let a = complete(&c, addr, Some("sk-slow"), 2).await;
     assert_refused(&a, 429, "rate_limit_exceeded", "requests per minute");
     assert!(a.body["error"]["message"]
         .as_str()
@@ -147,15 +141,7 @@ async fn a_key_over_its_request_rate_is_refused_while_another_key_is_served() {
     assert_eq!(a.body["error"]["type"], "rate_limit_error");
     // The key itself never appears in the message.
     assert!(!a.body.to_string().contains("sk-slow"));
-    let b = post(
-        &c,
-        addr,
-        "/v1/completions",
-        Some("sk-admin"),
-        &[],
-        completion(2),
-    )
-    .await;
+    let b = complete(&c, addr, Some("sk-admin"), 2).await;
     assert_eq!(b.status, 200, "{}", b.body);
 }
 
@@ -185,29 +171,13 @@ async fn a_key_over_its_token_rate_is_refused_while_another_key_is_served() {
     while r.chunk().await.expect("chunk").is_some() {}
     // What is left does not cover another 30-token answer's prompt plus the
     // 30 tokens already owed past the allowance.
-    let a = post(
-        &c,
-        addr,
-        "/v1/completions",
-        Some("sk-a"),
-        &[],
-        completion(30),
-    )
-    .await;
+    let a = complete(&c, addr, Some("sk-a"), 30).await;
     assert_refused(&a, 429, "rate_limit_exceeded", "tokens per minute");
     assert!(a.body["error"]["message"]
         .as_str()
         .unwrap_or_default()
         .contains("`a`"));
-    let b = post(
-        &c,
-        addr,
-        "/v1/completions",
-        Some("sk-b"),
-        &[],
-        completion(5),
-    )
-    .await;
+    let b = complete(&c, addr, Some("sk-b"), 5).await;
     assert_eq!(b.status, 200, "{}", b.body);
     // A prompt over what the key has left is refused at admission, before
     // it takes a slot.
@@ -247,40 +217,16 @@ async fn concurrent_requests_are_capped_per_key_until_the_stream_ends() {
         .await
         .expect("sent");
     assert_eq!(held.status(), 200);
-    let a = post(
-        &c,
-        addr,
-        "/v1/completions",
-        Some("sk-one"),
-        &[],
-        completion(2),
-    )
-    .await;
+    let a = complete(&c, addr, Some("sk-one"), 2).await;
     assert_refused(&a, 429, "rate_limit_exceeded", "concurrent requests");
-    let b = post(
-        &c,
-        addr,
-        "/v1/completions",
-        Some("sk-free"),
-        &[],
-        completion(2),
-    )
-    .await;
+    let b = complete(&c, addr, Some("sk-free"), 2).await;
     assert_eq!(b.status, 200, "{}", b.body);
     // The client leaves: the stream is dropped, the request cancelled, the
     // place given back.
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let a = post(
-            &c,
-            addr,
-            "/v1/completions",
-            Some("sk-one"),
-            &[],
-            completion(2),
-        )
-        .await;
+        let a = complete(&c, addr, Some("sk-one"), 2).await;
         if a.status == 200 {
             break;
         }
@@ -308,29 +254,13 @@ async fn denied_and_unlisted_addresses_get_403() {
         Fake::default(),
     )
     .await;
-    let ok = post(
-        &client("127.0.0.2"),
-        addr,
-        "/v1/completions",
-        None,
-        &[],
-        completion(2),
-    )
-    .await;
+    let ok = complete(&client("127.0.0.2"), addr, None, 2).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     for path in ["/v1/models", "/", "/health"] {
         let a = get(&client("127.0.0.3"), addr, path, None).await;
         assert_refused(&a, 403, "ip_denied", "127.0.0.3");
     }
-    let a = post(
-        &client("127.0.0.9"),
-        addr,
-        "/v1/completions",
-        None,
-        &[],
-        completion(2),
-    )
-    .await;
+    let a = complete(&client("127.0.0.9"), addr, None, 2).await;
     assert_refused(&a, 403, "ip_denied", "not allowed");
 }
 
