@@ -130,25 +130,82 @@ fn family<M: EncodeMetric>(
     Ok(())
 }
 
+/// A series: its name, its help, and how to read it from an engine snapshot.
+type Series = (
+    &'static str,
+    &'static str,
+    fn(&sipp::engine::MetricsSnapshot) -> u64,
+);
+
+/// The gauges the Gateway API Inference Extension's endpoint picker reads
+/// (its model server protocol), under vLLM's names and `model_name` label so
+/// an unmodified picker configuration works: requests waiting for a slot,
+/// requests running in a slot, and the fraction of KV cells in use (0..1).
+fn inference_extension_gauges(
+    encoder: &mut DescriptorEncoder,
+    engines: &[(String, sipp::engine::MetricsSnapshot, bool, u32)],
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::Gauge as G;
+    let label = |id: &str| vec![("model_name".to_string(), id.to_string())];
+    let counts: [Series; 2] = [
+        (
+            "vllm:num_requests_waiting",
+            "Requests waiting for a slot (sipp_queue_depth)",
+            |m| m.queue_depth,
+        ),
+        (
+            "vllm:num_requests_running",
+            "Requests holding a slot (sipp_busy_slots)",
+            |m| m.busy_slots,
+        ),
+    ];
+    for (name, help, f) in counts {
+        let rows: Vec<(Labels, ConstGauge<i64>)> = engines
+            .iter()
+            .map(|(id, m, _, _)| (label(id), ConstGauge::new(f(m) as i64)))
+            .collect();
+        family(encoder, name, help, &rows, G)?;
+    }
+    let usage: Vec<(Labels, ConstGauge<f64>)> = engines
+        .iter()
+        .map(|(id, m, _, total)| {
+            let used = m.kv_cells_used as f64 / f64::from((*total).max(1));
+            (label(id), ConstGauge::new(used.min(1.0)))
+        })
+        .collect();
+    family(
+        encoder,
+        "vllm:kv_cache_usage_perc",
+        "Fraction of KV cache cells in use, 0..1 (sipp_kv_cells_used over the context)",
+        &usage,
+        G,
+    )
+}
+
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::MetricType::{Counter as C, Gauge as G};
-        let snapshots: Vec<(String, sipp::engine::MetricsSnapshot, bool)> = self
+        let engines: Vec<(String, sipp::engine::MetricsSnapshot, bool, u32)> = self
             .targets
             .read()
             .map(|t| {
                 t.iter()
                     .filter_map(|(id, s)| match s {
                         TargetState::Ready(Target::Local(e)) => {
-                            Some((id.clone(), e.metrics(), e.is_alive()))
+                            Some((id.clone(), e.metrics(), e.is_alive(), e.info().n_ctx))
                         }
                         _ => None,
                     })
                     .collect()
             })
             .unwrap_or_default();
+        inference_extension_gauges(&mut encoder, &engines)?;
+        let snapshots: Vec<(String, sipp::engine::MetricsSnapshot, bool)> = engines
+            .into_iter()
+            .map(|(id, m, alive, _)| (id, m, alive))
+            .collect();
         let model = |id: &str| vec![("model".to_string(), id.to_string())];
-        let gauges: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 5] = [
+        let gauges: [Series; 5] = [
             ("sipp_queue_depth", "Requests waiting for a slot", |m| {
                 m.queue_depth
             }),
@@ -185,7 +242,7 @@ impl Collector for EngineCollector {
             &up,
             G,
         )?;
-        let counters: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 11] = [
+        let counters: [Series; 11] = [
             ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
                 m.prompt_tokens
             }),
@@ -258,7 +315,7 @@ impl Collector for EngineCollector {
             &outcomes,
             C,
         )?;
-        let secs: [(&str, &str, fn(&sipp::engine::MetricsSnapshot) -> u64); 2] = [
+        let secs: [Series; 2] = [
             (
                 "sipp_engine_step_seconds",
                 "Time the engine spent in steps that ran a batch",

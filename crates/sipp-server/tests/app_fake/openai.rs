@@ -484,3 +484,84 @@ async fn metrics_count_requests_and_read_the_engines() {
         assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
     }
 }
+
+/// The value of `name{labels}` in a Prometheus text scrape.
+fn scraped(m: &str, series: &str) -> f64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {series:?} in\n{m}"))
+}
+
+/// The inference extension's three gauges, under vLLM's names, follow a
+/// known load: two requests in the two slots and one queued, then none; the
+/// KV fraction is the cells in use over the context, from the same scrape.
+#[tokio::test]
+async fn inference_extension_gauges_follow_the_load() {
+    use crate::harness::Fake;
+    use std::time::{Duration, Instant};
+    let n_ctx = 1u32 << 16;
+    let app = App::one(Fake {
+        slots: 2,
+        n_ctx,
+        ..Fake::default()
+    });
+    let waiting = "vllm:num_requests_waiting{model_name=\"fake\"}";
+    let running = "vllm:num_requests_running{model_name=\"fake\"}";
+    let usage = "vllm:kv_cache_usage_perc{model_name=\"fake\"}";
+    let m = app.get("/metrics").await.text();
+    assert_eq!(scraped(&m, waiting), 0.0);
+    assert_eq!(scraped(&m, running), 0.0);
+    assert_eq!(scraped(&m, usage), 0.0);
+    for line in [
+        "# TYPE vllm:num_requests_waiting gauge",
+        "# TYPE vllm:num_requests_running gauge",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+    ] {
+        assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
+    }
+
+    let endless = || sipp::engine::GenerateRequest {
+        max_tokens: Some(60_000),
+        ..sipp::engine::GenerateRequest::new("Tell me a long story").greedy()
+    };
+    let engine = app.engine("fake").clone();
+    let held: Vec<_> = (0..3)
+        .map(|_| engine.generate(endless()).expect("admitted or queued"))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = app.get("/metrics").await.text();
+        if scraped(&m, running) == 2.0 && scraped(&m, waiting) == 1.0 {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never saw 2 running, 1 waiting:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let used = scraped(&m, "sipp_kv_cells_used{model=\"fake\"}");
+    let fraction = scraped(&m, usage);
+    assert!(used > 0.0, "{m}");
+    assert!(fraction > 0.0 && fraction <= 1.0, "{fraction}");
+    assert!(
+        (fraction - used / f64::from(n_ctx)).abs() < 1e-12,
+        "{fraction} vs {used} cells of {n_ctx}"
+    );
+    assert_eq!(
+        scraped(&m, "sipp_queue_depth{model=\"fake\"}"),
+        scraped(&m, waiting)
+    );
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = app.get("/metrics").await.text();
+        if scraped(&m, running) == 0.0 && scraped(&m, waiting) == 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the load never went away:\n{m}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
