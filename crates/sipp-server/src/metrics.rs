@@ -137,40 +137,72 @@ type Series = (
     fn(&sipp::engine::MetricsSnapshot) -> u64,
 );
 
+/// What one scrape reads of a ready local engine (one snapshot for every
+/// series, so they agree with each other).
+struct EngineRead {
+    id: String,
+    m: sipp::engine::MetricsSnapshot,
+    alive: bool,
+    n_ctx: u32,
+}
+
+/// One gauge family per series, a row per engine labelled `label = id`.
+fn gauge_families(
+    encoder: &mut DescriptorEncoder,
+    engines: &[EngineRead],
+    label: &str,
+    series: &[Series],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, f) in series {
+        let rows: Vec<(Labels, ConstGauge<i64>)> = engines
+            .iter()
+            .map(|e| {
+                let l = vec![(label.to_string(), e.id.clone())];
+                (l, ConstGauge::new(f(&e.m) as i64))
+            })
+            .collect();
+        family(
+            encoder,
+            name,
+            help,
+            &rows,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+    }
+    Ok(())
+}
+
 /// The gauges the Gateway API Inference Extension's endpoint picker reads
 /// (its model server protocol), under vLLM's names and `model_name` label so
 /// an unmodified picker configuration works: requests waiting for a slot,
 /// requests running in a slot, and the fraction of KV cells in use (0..1).
 fn inference_extension_gauges(
     encoder: &mut DescriptorEncoder,
-    engines: &[(String, sipp::engine::MetricsSnapshot, bool, u32)],
+    engines: &[EngineRead],
 ) -> Result<(), std::fmt::Error> {
-    use prometheus_client::metrics::MetricType::Gauge as G;
-    let label = |id: &str| vec![("model_name".to_string(), id.to_string())];
-    let counts: [Series; 2] = [
-        (
-            "vllm:num_requests_waiting",
-            "Requests waiting for a slot (sipp_queue_depth)",
-            |m| m.queue_depth,
-        ),
-        (
-            "vllm:num_requests_running",
-            "Requests holding a slot (sipp_busy_slots)",
-            |m| m.busy_slots,
-        ),
-    ];
-    for (name, help, f) in counts {
-        let rows: Vec<(Labels, ConstGauge<i64>)> = engines
-            .iter()
-            .map(|(id, m, _, _)| (label(id), ConstGauge::new(f(m) as i64)))
-            .collect();
-        family(encoder, name, help, &rows, G)?;
-    }
+    gauge_families(
+        encoder,
+        engines,
+        "model_name",
+        &[
+            (
+                "vllm:num_requests_waiting",
+                "Requests waiting for a slot (sipp_queue_depth)",
+                |m| m.queue_depth,
+            ),
+            (
+                "vllm:num_requests_running",
+                "Requests holding a slot (sipp_busy_slots)",
+                |m| m.busy_slots,
+            ),
+        ],
+    )?;
     let usage: Vec<(Labels, ConstGauge<f64>)> = engines
         .iter()
-        .map(|(id, m, _, total)| {
-            let used = m.kv_cells_used as f64 / f64::from((*total).max(1));
-            (label(id), ConstGauge::new(used.min(1.0)))
+        .map(|e| {
+            let used = e.m.kv_cells_used as f64 / f64::from(e.n_ctx.max(1));
+            let l = vec![("model_name".to_string(), e.id.clone())];
+            (l, ConstGauge::new(used.min(1.0)))
         })
         .collect();
     family(
@@ -178,32 +210,31 @@ fn inference_extension_gauges(
         "vllm:kv_cache_usage_perc",
         "Fraction of KV cache cells in use, 0..1 (sipp_kv_cells_used over the context)",
         &usage,
-        G,
+        prometheus_client::metrics::MetricType::Gauge,
     )
 }
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::MetricType::{Counter as C, Gauge as G};
-        let engines: Vec<(String, sipp::engine::MetricsSnapshot, bool, u32)> = self
+        let snapshots: Vec<EngineRead> = self
             .targets
             .read()
             .map(|t| {
                 t.iter()
                     .filter_map(|(id, s)| match s {
-                        TargetState::Ready(Target::Local(e)) => {
-                            Some((id.clone(), e.metrics(), e.is_alive(), e.info().n_ctx))
-                        }
+                        TargetState::Ready(Target::Local(e)) => Some(EngineRead {
+                            id: id.clone(),
+                            m: e.metrics(),
+                            alive: e.is_alive(),
+                            n_ctx: e.info().n_ctx,
+                        }),
                         _ => None,
                     })
                     .collect()
             })
             .unwrap_or_default();
-        inference_extension_gauges(&mut encoder, &engines)?;
-        let snapshots: Vec<(String, sipp::engine::MetricsSnapshot, bool)> = engines
-            .into_iter()
-            .map(|(id, m, alive, _)| (id, m, alive))
-            .collect();
+        inference_extension_gauges(&mut encoder, &snapshots)?;
         let model = |id: &str| vec![("model".to_string(), id.to_string())];
         let gauges: [Series; 5] = [
             ("sipp_queue_depth", "Requests waiting for a slot", |m| {
@@ -224,16 +255,10 @@ impl Collector for EngineCollector {
                 |m| m.snapshot_bytes,
             ),
         ];
-        for (name, help, f) in gauges {
-            let rows: Vec<(Labels, ConstGauge<i64>)> = snapshots
-                .iter()
-                .map(|(id, m, _)| (model(id), ConstGauge::new(f(m) as i64)))
-                .collect();
-            family(&mut encoder, name, help, &rows, G)?;
-        }
+        gauge_families(&mut encoder, &snapshots, "model", &gauges)?;
         let up: Vec<(Labels, ConstGauge<i64>)> = snapshots
             .iter()
-            .map(|(id, _, alive)| (model(id), ConstGauge::new(i64::from(*alive))))
+            .map(|e| (model(&e.id), ConstGauge::new(i64::from(e.alive))))
             .collect();
         family(
             &mut encoder,
@@ -292,12 +317,12 @@ impl Collector for EngineCollector {
         for (name, help, f) in counters {
             let rows: Vec<(Labels, ConstCounter<u64>)> = snapshots
                 .iter()
-                .map(|(id, m, _)| (model(id), ConstCounter::new(f(m))))
+                .map(|e| (model(&e.id), ConstCounter::new(f(&e.m))))
                 .collect();
             family(&mut encoder, name, help, &rows, C)?;
         }
         let mut outcomes: Vec<(Labels, ConstCounter<u64>)> = Vec::new();
-        for (id, m, _) in &snapshots {
+        for EngineRead { id, m, .. } in &snapshots {
             for (outcome, v) in [
                 ("completed", m.requests_completed),
                 ("failed", m.requests_failed),
@@ -330,7 +355,7 @@ impl Collector for EngineCollector {
         for (name, help, f) in secs {
             let rows: Vec<(Labels, ConstCounter<f64>)> = snapshots
                 .iter()
-                .map(|(id, m, _)| (model(id), ConstCounter::new(f(m) as f64 / 1e9)))
+                .map(|e| (model(&e.id), ConstCounter::new(f(&e.m) as f64 / 1e9)))
                 .collect();
             family(&mut encoder, name, help, &rows, C)?;
         }

@@ -4,17 +4,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sipp::engine::GenerateRequest;
 use sipp_server::ServerSection;
 
-use super::harness::{assert_error, target, App, Fake};
-
-fn endless() -> GenerateRequest {
-    GenerateRequest {
-        max_tokens: Some(60_000),
-        ..GenerateRequest::new("Tell me a long story").greedy()
-    }
-}
+use super::harness::{assert_error, endless, target, App, Fake};
 
 fn fake_target(v: &Value) -> &Value {
     v["targets"]

@@ -4,7 +4,7 @@ use serde_json::json;
 use sipp::runtime::fake::{EXHAUSTING_GRAMMAR, INVALID_GRAMMAR};
 use sipp_server::ServerSection;
 
-use crate::harness::{assert_error, target, App, Fake};
+use crate::harness::{assert_error, endless, target, App, Fake};
 
 const BAD: &str = "invalid_request_error";
 
@@ -437,10 +437,6 @@ async fn a_full_queue_is_429_and_leaks_nothing() {
         ..Fake::default()
     });
     let engine = app.engine("fake").clone();
-    let endless = || sipp::engine::GenerateRequest {
-        max_tokens: Some(60_000),
-        ..sipp::engine::GenerateRequest::new("Tell me a long story").greedy()
-    };
     // One request holds the only slot.
     let running = engine.generate(endless()).expect("admitted");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

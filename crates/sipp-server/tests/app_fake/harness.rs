@@ -9,7 +9,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sipp::config::{CacheMode, NativeRuntimeConfig};
-use sipp::engine::Engine;
+use sipp::engine::{Engine, GenerateRequest};
 use sipp::runtime::fake::{FakeBackend, FakeConfig};
 use sipp_server::{app, AppState, ModelTarget, ServeConfig, ServerSection, Target, TargetState};
 
@@ -361,4 +361,13 @@ pub fn openai_chunks(r: &Reply) -> Vec<Value> {
             v
         })
         .collect()
+}
+
+/// A greedy request that holds its slot until dropped (the fake never
+/// reaches 60,000 tokens within a test).
+pub fn endless() -> GenerateRequest {
+    GenerateRequest {
+        max_tokens: Some(60_000),
+        ..GenerateRequest::new("Tell me a long story").greedy()
+    }
 }

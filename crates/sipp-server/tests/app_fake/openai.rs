@@ -498,7 +498,7 @@ fn scraped(m: &str, series: &str) -> f64 {
 /// KV fraction is the cells in use over the context, from the same scrape.
 #[tokio::test]
 async fn inference_extension_gauges_follow_the_load() {
-    use crate::harness::Fake;
+    use crate::harness::{endless, Fake};
     use std::time::{Duration, Instant};
     let n_ctx = 1u32 << 16;
     let app = App::one(Fake {
@@ -521,10 +521,6 @@ async fn inference_extension_gauges_follow_the_load() {
         assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
     }
 
-    let endless = || sipp::engine::GenerateRequest {
-        max_tokens: Some(60_000),
-        ..sipp::engine::GenerateRequest::new("Tell me a long story").greedy()
-    };
     let engine = app.engine("fake").clone();
     let held: Vec<_> = (0..3)
         .map(|_| engine.generate(endless()).expect("admitted or queued"))
