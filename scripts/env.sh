@@ -8,6 +8,8 @@ export SIPP_MODEL_DIR="${SIPP_MODEL_DIR:-$SIPP_CACHE/models}"
 export SIPP_VENV="${SIPP_VENV:-$SIPP_CACHE/venv}"
 # An agent framework needs a newer openai package than the tests pin: its own venv.
 export SIPP_AGENTS_VENV="${SIPP_AGENTS_VENV:-$SIPP_CACHE/venv-agents}"
+# sglang-router and vllm-router, for the scale-out tests.
+export SIPP_ROUTERS_VENV="${SIPP_ROUTERS_VENV:-$SIPP_CACHE/venv-routers}"
 mkdir -p "$SIPP_CACHE" "$SIPP_MODEL_DIR"
 
 sipp_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
@@ -49,8 +51,10 @@ ensure_venv() {
 ensure_python_packages() {
   ensure_venv "$SIPP_VENV" "$(sipp_root)/scripts/requirements-test.txt"
   ensure_venv "$SIPP_AGENTS_VENV" "$(sipp_root)/scripts/requirements-agents.txt"
+  ensure_venv "$SIPP_ROUTERS_VENV" "$(sipp_root)/scripts/requirements-routers.txt"
   export SIPP_PYTHON="$SIPP_VENV/bin/python"
   export SIPP_AGENTS_PYTHON="$SIPP_AGENTS_VENV/bin/python"
+  export SIPP_ROUTERS_BIN="$SIPP_ROUTERS_VENV/bin"
 }
 
 build_release() {

@@ -64,6 +64,7 @@ stage setup setup
 export SIPP_PYTHON="$SIPP_VENV/bin/python"
 export SIPP_SCREENSHOTS="${SIPP_SCREENSHOTS:-$SIPP_CACHE/screenshots}"
 export SIPP_AGENTS_PYTHON="$SIPP_AGENTS_VENV/bin/python"
+export SIPP_ROUTERS_BIN="$SIPP_ROUTERS_VENV/bin"
 stage build build
 stage models models
 stage tests tests "$@"

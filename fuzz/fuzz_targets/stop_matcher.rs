@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     // Only valid UTF-8 gives an exact oracle (replacement characters could
     // form or break a stop).
     if std::str::from_utf8(bytes).is_err() {
-        let mut e = TextEmitter::new(&stops);
+        let mut e = TextEmitter::new(&stops, false);
         for chunk in bytes.chunks(stride) {
             if e.push(chunk).stopped {
                 return;
@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let expected = expected.unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned());
-    let mut e = TextEmitter::new(&stops);
+    let mut e = TextEmitter::new(&stops, false);
     let mut out = String::new();
     let mut stopped = false;
     for chunk in bytes.chunks(stride) {

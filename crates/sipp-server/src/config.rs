@@ -47,6 +47,36 @@ pub struct ServerSection {
     /// Responses kept in memory for `GET /v1/responses/{id}` and
     /// `previous_response_id`, oldest evicted first; 0 keeps none. Default 1000.
     pub responses_store: usize,
+    /// The shape of `GET /get_load` when the request does not ask
+    /// (`?format=`): `sglang` (a list per data-parallel rank, what
+    /// sglang-router reads; the default) or `vllm` (`{"load": N}`, what
+    /// vllm-router reads).
+    pub load_format: LoadFormat,
+}
+
+/// The two shapes routers read from `GET /get_load`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// `[{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}]`.
+    #[default]
+    Sglang,
+    /// `{"load": N}`.
+    Vllm,
+}
+
+impl std::str::FromStr for LoadFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sglang" => Ok(LoadFormat::Sglang),
+            "vllm" => Ok(LoadFormat::Vllm),
+            other => Err(format!(
+                "`{other}` is not a load format: use sglang or vllm"
+            )),
+        }
+    }
 }
 
 impl Default for ServerSection {
@@ -62,6 +92,7 @@ impl Default for ServerSection {
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace_secs: 10,
             responses_store: crate::routes::responses::DEFAULT_STORED_RESPONSES,
+            load_format: LoadFormat::default(),
         }
     }
 }

@@ -32,6 +32,14 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
             "/v1/chat/completions",
             post(routes::openai::chat_completions),
         )
+        .route(
+            "/v1/completions/render",
+            post(routes::worker::render_completions),
+        )
+        .route(
+            "/v1/chat/completions/render",
+            post(routes::worker::render_chat),
+        )
         .route("/v1/embeddings", post(routes::openai::embeddings))
         .route(
             "/v1/messages",
@@ -53,6 +61,11 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
         .route("/health", get(routes::ops::health))
         .route("/metrics", get(routes::ops::metrics))
         .route("/tokenize", post(routes::ops::tokenize))
+        .route("/model_info", get(routes::worker::model_info))
+        .route("/get_model_info", get(routes::worker::model_info))
+        .route("/server_info", get(routes::worker::server_info))
+        .route("/get_server_info", get(routes::worker::server_info))
+        .route("/get_load", get(routes::worker::get_load))
         .route("/detokenize", post(routes::ops::detokenize))
         .route("/v1/dashboard", get(routes::dashboard::state))
         .route("/", get(routes::web::chat_page))

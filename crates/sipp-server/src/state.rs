@@ -48,6 +48,7 @@ pub struct AppState {
     pub(crate) policy: Arc<crate::policy::Policy>,
     pub(crate) dashboard: Arc<crate::dashboard::DashboardLog>,
     pub(crate) max_body_bytes: usize,
+    pub(crate) load_format: crate::config::LoadFormat,
     pub(crate) metrics: Arc<ServerMetrics>,
     pub(crate) responses: Arc<crate::routes::responses::ResponseStore>,
     pub(crate) created: u64,
@@ -101,6 +102,7 @@ impl AppState {
             policy: Arc::new(crate::policy::Policy::new(config)),
             dashboard: Arc::new(crate::dashboard::DashboardLog::default()),
             max_body_bytes: config.server.max_body_bytes,
+            load_format: config.server.load_format,
             metrics: Arc::new(metrics),
             responses: Arc::new(crate::routes::responses::ResponseStore::new(
                 config.server.responses_store,

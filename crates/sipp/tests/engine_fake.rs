@@ -77,6 +77,42 @@ fn shared_prefix_is_computed_once_for_concurrent_requests() {
         m_off.batch_rows
     );
     assert_eq!(m_off.prefix_reused_tokens, 0);
+    assert_eq!(m_shared.prefix_reused_tokens as usize, cached);
+}
+
+/// The reuse counter is what requests report as cached, and never more
+/// than the prompt tokens: a request that reused part of a prefix at
+/// admission and then waited for a longer one in progress is counted once.
+#[test]
+fn reuse_counters_equal_what_requests_report_as_cached() {
+    let e = engine(4, CacheMode::SharedPrefix, FakeConfig::default());
+    // An idle sequence holds the system prompt.
+    e.generate(greedy(&format!("{SYSTEM}Warm up?"), 2))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes");
+    let context = "Here is a long document to read before the question. ".repeat(6);
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            e.generate(greedy(&format!("{SYSTEM}{context}Question {i}?"), 4))
+                .expect("submit")
+        })
+        .collect();
+    let done: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.blocking_completion().expect("completes"))
+        .collect();
+    let m = e.metrics();
+    let cached: usize = done.iter().map(|c| c.usage.cached_tokens).sum::<usize>();
+    let prompt: usize = done.iter().map(|c| c.usage.prompt_tokens).sum::<usize>();
+    assert!(
+        cached >= 3 * context.len(),
+        "three requests share the document: cached {cached}"
+    );
+    // The warm-up reused nothing; the rest is these four requests.
+    assert_eq!(m.prefix_reused_tokens as usize, cached, "metrics vs usage");
+    assert!(m.prefix_reused_tokens <= m.prompt_tokens, "{m:?}");
+    assert!(cached < prompt);
 }
 
 #[test]

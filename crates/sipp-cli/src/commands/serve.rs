@@ -47,6 +47,9 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get at shutdown.
     #[arg(long = "shutdown-grace")]
     pub shutdown_grace: Option<u64>,
+    /// The shape of GET /get_load for routers: sglang (default) or vllm.
+    #[arg(long = "load-format")]
+    pub load_format: Option<sipp_server::config::LoadFormat>,
 }
 
 /// The effective configuration.
@@ -75,6 +78,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
         .extend(args.cors_origins.iter().cloned());
     if let Some(g) = args.shutdown_grace {
         cfg.server.shutdown_grace_secs = g;
+    }
+    if let Some(f) = args.load_format {
+        cfg.server.load_format = f;
     }
     if let Some(m) = &args.model {
         let runtime = cfg

@@ -129,6 +129,13 @@ fn prepare(engine: &Engine, conv: Conversation<'_>) -> Result<PreparedTurn, ApiE
             tools: &parts.tools,
             reasoning: ReasoningFormat::Split,
             kwargs: parts.kwargs.as_ref(),
+            // A last assistant message with text is a prefill: the answer
+            // continues it, as Anthropic's API does.
+            continue_final: parts.messages.last().is_some_and(|m| {
+                m.role == sipp::chat::Role::Assistant
+                    && m.tool_calls.as_ref().is_none_or(Vec::is_empty)
+                    && !m.text().trim().is_empty()
+            }),
         })
         .map_err(|e| {
             let mut e = ApiError::from(e);

@@ -8,6 +8,7 @@ pub mod ops;
 pub mod remote;
 pub mod responses;
 pub mod web;
+pub mod worker;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -227,6 +227,7 @@ pub async fn chat(
         tools: &spec,
         reasoning,
         kwargs: None,
+        continue_final: false,
     })?;
     let parse = spec.may_call() || reasoning == ReasoningFormat::Split;
     let chat = parse.then(|| ChatOutput {

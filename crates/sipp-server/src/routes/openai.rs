@@ -203,17 +203,10 @@ fn chat_logprobs(lps: &[TokenLogprobs], vocab: &dyn sipp::runtime::Vocab) -> Cha
     }
 }
 
-/// POST /v1/completions.
-pub async fn completions(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<CompletionRequest>,
-) -> Result<Response, ApiError> {
-    let (model, target) = state.target(req.model.as_deref())?;
-    let engine = match target {
-        Target::Local(e) => e,
-        Target::Remote(r) => return super::remote::completions(model, r, req).await,
-    };
-    let prompts: Vec<PromptInput> = match req.prompt.clone() {
+/// The prompts of a completion request (a text, texts, token ids or lists
+/// of them).
+pub(super) fn completion_prompts(req: &CompletionRequest) -> Result<Vec<PromptInput>, ApiError> {
+    Ok(match req.prompt.clone() {
         None => return Err(ApiError::bad_field("prompt", "is required")),
         Some(PromptField::Text(s)) => vec![PromptInput::Text(s)],
         Some(PromptField::Texts(v)) if v.is_empty() => {
@@ -228,7 +221,20 @@ pub async fn completions(
             .iter()
             .map(|t| tokens_from_i64(t, "prompt").map(PromptInput::Tokens))
             .collect::<Result<_, _>>()?,
+    })
+}
+
+/// POST /v1/completions.
+pub async fn completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let (model, target) = state.target(req.model.as_deref())?;
+    let engine = match target {
+        Target::Local(e) => e,
+        Target::Remote(r) => return super::remote::completions(model, r, req).await,
     };
+    let prompts = completion_prompts(&req)?;
     let n = choices_n(req.n)?;
     let names = FieldNames::openai_completion(&req);
     // llama-server's n_predict = -1 means "no limit".
@@ -484,6 +490,29 @@ fn answer_message(output: &TurnOutput) -> ResponseMessage {
     }
 }
 
+/// The prompt, constraint and output parser of a chat request: its
+/// messages through the template with its tools, kwargs and
+/// `continue_final_message`.
+pub(super) fn chat_turn(
+    engine: &Engine,
+    req: &ChatCompletionRequest,
+) -> Result<sipp::engine::PreparedTurn, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_field(
+            "messages",
+            "must contain at least one message",
+        ));
+    }
+    let spec = tool_spec(req)?;
+    Ok(engine.prepare_turn(&ChatTurn {
+        messages: &req.messages,
+        tools: &spec,
+        reasoning: req.reasoning_format.unwrap_or_default(),
+        kwargs: req.chat_template_kwargs.as_ref(),
+        continue_final: req.continue_final_message.unwrap_or(false),
+    })?)
+}
+
 /// POST /v1/chat/completions.
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -494,12 +523,6 @@ pub async fn chat_completions(
         Target::Local(e) => e,
         Target::Remote(r) => return super::remote::chat_completions(model, r, req).await,
     };
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_field(
-            "messages",
-            "must contain at least one message",
-        ));
-    }
     let n = choices_n(req.n)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(_)) => {
@@ -516,13 +539,7 @@ pub async fn chat_completions(
     if let Some(e) = ApiError::cannot_generate(&engine) {
         return Err(e);
     }
-    let spec = tool_spec(&req)?;
-    let turn = engine.prepare_turn(&ChatTurn {
-        messages: &req.messages,
-        tools: &spec,
-        reasoning: req.reasoning_format.unwrap_or_default(),
-        kwargs: req.chat_template_kwargs.as_ref(),
-    })?;
+    let turn = chat_turn(&engine, &req)?;
     let mut base = request_from_openai(
         &req.sampling,
         max_tokens,

@@ -61,13 +61,25 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     })
 }
 
-/// POST /tokenize body.
+/// POST /tokenize body: llama-server's `{content}` or vLLM's
+/// `{prompt}` / `{messages}` (what routers send).
 #[derive(Debug, Deserialize)]
 pub struct TokenizeBody {
     model: Option<String>,
-    content: String,
+    /// Text, tokenized as given (llama-server).
+    content: Option<String>,
+    /// Text, tokenized as a completion prompt (vLLM).
+    prompt: Option<String>,
+    /// A conversation, rendered with the chat template (vLLM).
+    messages: Option<Vec<sipp::chat::ChatMessage>>,
+    /// llama-server's name: add BOS (default false for `content`).
     #[serde(default)]
     add_special: bool,
+    /// vLLM's name: add BOS (default true for `prompt`, false for
+    /// `messages`, whose template writes it).
+    add_special_tokens: Option<bool>,
+    /// For `messages`: end with the assistant's opening (default true).
+    add_generation_prompt: Option<bool>,
     #[serde(default = "yes")]
     parse_special: bool,
     #[serde(default)]
@@ -84,7 +96,8 @@ struct Piece {
     piece: String,
 }
 
-/// POST /tokenize.
+/// POST /tokenize: `{tokens, count, max_model_len}` (pieces instead of ids
+/// with `with_pieces`).
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeBody>,
@@ -96,9 +109,29 @@ pub async fn tokenize(
         )));
     };
     let v = engine.vocab();
-    let tokens = v
-        .tokenize(&req.content, req.add_special, req.parse_special)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let tokens = match (&req.content, &req.prompt, &req.messages) {
+        (Some(c), None, None) => v
+            .tokenize(
+                c,
+                req.add_special_tokens.unwrap_or(req.add_special),
+                req.parse_special,
+            )
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        (None, p, m) => super::worker::tokenize_vllm(
+            &engine,
+            p.as_deref(),
+            m.as_deref(),
+            req.add_special_tokens,
+            req.add_generation_prompt,
+        )?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give one of `content`, `prompt` or `messages`, not several",
+            ))
+        }
+    };
+    let count = tokens.len();
+    let max_model_len = engine.info().n_ctx;
     if req.with_pieces {
         let pieces: Vec<Piece> = tokens
             .iter()
@@ -107,9 +140,15 @@ pub async fn tokenize(
                 piece: String::from_utf8_lossy(&v.token_bytes(id)).into_owned(),
             })
             .collect();
-        return Ok(Json(serde_json::json!({ "tokens": pieces })).into_response());
+        return Ok(Json(serde_json::json!({
+            "tokens": pieces, "count": count, "max_model_len": max_model_len
+        }))
+        .into_response());
     }
-    Ok(Json(serde_json::json!({ "tokens": tokens })).into_response())
+    Ok(Json(serde_json::json!({
+        "tokens": tokens, "count": count, "max_model_len": max_model_len
+    }))
+    .into_response())
 }
 
 /// POST /detokenize body.

@@ -1033,6 +1033,7 @@ fn local_source(
             tools: spec,
             reasoning: ReasoningFormat::Split,
             kwargs: req.chat_template_kwargs.as_ref(),
+            continue_final: false,
         })
         .map_err(|e| input_error(e.into()))?;
     let format = req

@@ -384,8 +384,13 @@ fn count_reuse(kv: &mut KvSessions, plan: &StepPlan, out: &StepOutput) {
         let n = short.map_or(a.reused_tokens, |&(_, n)| n.min(a.reused_tokens));
         kv.count_reuse(n);
     }
-    let shared = plan.prefix_shares.iter().filter_map(|p| p.shared);
-    for n in shared.chain(plan.resumes.iter().map(|r| r.cursor)) {
-        kv.count_shared(n);
+    // A share brings a waiting slot from what its admission reused (counted
+    // there) to the shared length: only the difference is new reuse. A
+    // preempted slot that resumes gets its own tokens back; its prompt was
+    // counted once, at admission, so it is no cache hit.
+    for p in &plan.prefix_shares {
+        if let Some(n) = p.shared {
+            kv.count_shared(n.saturating_sub(p.from));
+        }
     }
 }

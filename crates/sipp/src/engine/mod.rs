@@ -339,6 +339,36 @@ impl Engine {
         self.generate(GenerateRequest { prompt, ..req })
     }
 
+    /// The tokens a generation request's prompt becomes, as
+    /// [`Engine::generate`] computes them (routers' render endpoints use it).
+    pub fn prompt_tokens(
+        &self,
+        prompt: &PromptInput,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<crate::runtime::Token>, EngineError> {
+        self.inner
+            .preparer
+            .prompt_tokens(prompt, add_special, parse_special)
+    }
+
+    /// The token ids of a conversation rendered with the model's chat
+    /// template, as [`Engine::chat`] computes them.
+    pub fn chat_tokens(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<crate::runtime::Token>, EngineError> {
+        match self
+            .inner
+            .preparer
+            .chat_tokens(messages, add_generation_prompt)?
+        {
+            PromptInput::Tokens(t) => Ok(t),
+            PromptInput::Text(_) => unreachable!("chat prompts are tokenized"),
+        }
+    }
+
     /// Renders a conversation with the model's chat template.
     pub fn render_chat(
         &self,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
+use crate::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions, Role};
 use crate::config::NativeRuntimeConfig;
 use crate::runtime::{Backend, ModelInfo, Pooling, Token, Vocab};
 use crate::sampling::OutputConstraint;
@@ -221,6 +221,12 @@ impl RequestPreparer {
         });
         turn.tools.validate()?;
         format::check_history(turn.messages)?;
+        if turn.continue_final && turn.messages.last().map(|m| m.role) != Some(Role::Assistant) {
+            return Err(EngineError::InvalidRequest {
+                field: "continue_final_message",
+                message: "the last message must be an assistant message to continue".into(),
+            });
+        }
         let shown: &[crate::tools::Tool] = if turn.tools.may_call() {
             &turn.tools.tools
         } else {
@@ -230,7 +236,7 @@ impl RequestPreparer {
             template.render_with(
                 turn.messages,
                 &RenderOptions {
-                    add_generation_prompt: true,
+                    add_generation_prompt: !turn.continue_final,
                     tools: (!shown.is_empty()).then_some(shown),
                     kwargs: turn.kwargs,
                 },
@@ -246,11 +252,16 @@ impl RequestPreparer {
             template.render_with(
                 &messages,
                 &RenderOptions {
-                    add_generation_prompt: true,
+                    add_generation_prompt: !turn.continue_final,
                     tools: None,
                     kwargs: turn.kwargs,
                 },
             )?
+        };
+        let text = if turn.continue_final {
+            continued(text, turn.messages)?
+        } else {
+            text
         };
         let starts_inside = caps.reasoning && text.trim_end().ends_with("<think>");
         // Splitting is on by default even for templates that never say
@@ -282,7 +293,16 @@ impl RequestPreparer {
     /// The token ids of a rendered conversation: special-token text parsed,
     /// BOS added only when the model wants one and the template did not write it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<PromptInput, EngineError> {
-        let text = self.render_chat(messages, true)?;
+        self.chat_tokens(messages, true)
+    }
+
+    /// [`Self::chat_prompt`], with or without the generation prompt.
+    pub fn chat_tokens(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<PromptInput, EngineError> {
+        let text = self.render_chat(messages, add_generation_prompt)?;
         self.chat_text_tokens(&text)
     }
 
@@ -328,6 +348,23 @@ impl RequestPreparer {
         }
     }
 
+    /// The tokens a generation request's prompt becomes, exactly as
+    /// [`Self::prepare_generate`] computes them (BOS when the model wants it
+    /// and `add_special` asks; token ids checked).
+    pub fn prompt_tokens(
+        &self,
+        prompt: &PromptInput,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>, EngineError> {
+        self.tokens_of(
+            "prompt",
+            prompt,
+            add_special && self.info.model.add_bos,
+            parse_special,
+        )
+    }
+
     /// Validates a generation request.
     pub fn prepare_generate(
         &self,
@@ -360,8 +397,7 @@ impl RequestPreparer {
         if let Some(n) = req.max_tokens {
             validate::max_tokens(n, info.max_tokens_limit)?;
         }
-        let add_special = req.add_special && info.model.add_bos;
-        let prompt = self.tokens_of("prompt", &req.prompt, add_special, req.parse_special)?;
+        let prompt = self.prompt_tokens(&req.prompt, req.add_special, req.parse_special)?;
         validate::prompt_length(prompt.len(), info.n_ctx)?;
         let max_tokens = match req.max_tokens {
             Some(n) => n as usize,
@@ -404,6 +440,8 @@ impl RequestPreparer {
                 logprobs: req.logprobs.map(|n| n as usize),
                 reasoning_budget,
                 speculative,
+                skip_special_tokens: req.skip_special_tokens,
+                include_stop: req.include_stop,
             }),
             prompt,
             context_key: req.context_key,
@@ -469,6 +507,31 @@ impl RequestPreparer {
             submitted_at: Instant::now(),
             sink,
         })
+    }
+}
+
+/// A conversation rendered without a generation prompt, cut right after the
+/// text of its last (assistant) message, so the model continues that text
+/// instead of closing the turn. As transformers does: the last place the
+/// message's text appears, or its trimmed text when the template trims.
+fn continued(text: String, messages: &[ChatMessage]) -> Result<String, EngineError> {
+    let last = messages.last().map(ChatMessage::text).unwrap_or_default();
+    let found = [last.as_str(), last.trim()]
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .find_map(|t| text.rfind(t).map(|at| at + t.len()));
+    match found {
+        Some(end) => Ok(text[..end].to_string()),
+        None if last.trim().is_empty() => Err(EngineError::InvalidRequest {
+            field: "continue_final_message",
+            message: "the last assistant message has no text to continue".into(),
+        }),
+        None => Err(EngineError::InvalidRequest {
+            field: "continue_final_message",
+            message:
+                "the chat template does not show the last message's text; it cannot be continued"
+                    .into(),
+        }),
     }
 }
 

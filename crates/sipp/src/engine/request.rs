@@ -70,6 +70,14 @@ pub struct GenerateRequest {
     pub reasoning_budget: Option<ReasoningBudgetRequest>,
     /// Speculative decoding for this request; unset fields take the engine's.
     pub speculative: Option<SpeculativeRequest>,
+    /// Special tokens the model generates render as nothing (default true);
+    /// false writes their text (`<|im_start|>`, `<tool_call>` ...). End-of-
+    /// generation tokens that end the answer are never written.
+    pub skip_special_tokens: bool,
+    /// A matched stop string stays at the end of the text (default false:
+    /// it is trimmed). SGLang's `no_stop_trim`, vLLM's
+    /// `include_stop_str_in_output`.
+    pub include_stop: bool,
 }
 
 /// Speculative decoding as a request asks for it (`"speculative": {"mode":
@@ -134,6 +142,8 @@ impl GenerateRequest {
             parse_special: true,
             reasoning_budget: None,
             speculative: None,
+            skip_special_tokens: true,
+            include_stop: false,
         }
     }
 
@@ -431,6 +441,10 @@ pub struct GenerateSpec {
     pub reasoning_budget: Option<ReasoningBudget>,
     /// Speculative decoding.
     pub speculative: Speculation,
+    /// Special tokens render as nothing.
+    pub skip_special_tokens: bool,
+    /// A matched stop string stays in the text.
+    pub include_stop: bool,
 }
 
 /// A cap on reasoning: once the generation has `max_tokens` tokens and is

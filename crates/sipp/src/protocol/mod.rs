@@ -248,6 +248,11 @@ pub fn request_from_openai(
         cache_prompt: f.cache_prompt.unwrap_or(true),
         repeatable: f.repeatable.unwrap_or(false),
         speculative: f.speculative,
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        include_stop: f
+            .no_stop_trim
+            .or(f.include_stop_str_in_output)
+            .unwrap_or(false),
         ..GenerateRequest::new(PromptInput::Text(String::new()))
     })
 }

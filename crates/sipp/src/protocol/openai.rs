@@ -159,6 +159,17 @@ pub struct SamplingFields {
     /// OpenAI's end-user id (recorded, not used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// `false` writes the text of special tokens the model generates
+    /// (vLLM / SGLang; default true: they render as nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_special_tokens: Option<bool>,
+    /// `true` keeps a matched stop string at the end of the text (SGLang;
+    /// default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_stop_trim: Option<bool>,
+    /// vLLM's name for `no_stop_trim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_stop_str_in_output: Option<bool>,
 }
 
 /// `json_bounds` on a request: on/off, or some bounds over the target's.
@@ -304,6 +315,10 @@ pub struct ChatCompletionRequest {
     /// (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Continue the last (assistant) message instead of answering after it
+    /// (vLLM / SGLang; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_final_message: Option<bool>,
     /// Sampling and extension fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -191,6 +191,15 @@ impl Vocab for LlamaModelHandle {
             .token_to_piece(LlamaToken(token), false, None)
     }
 
+    fn token_bytes_special(&self, token: Token) -> Vec<u8> {
+        if token < 0 || token as usize >= self.info.n_vocab {
+            return Vec::new();
+        }
+        self.model
+            .vocab()
+            .token_to_piece(LlamaToken(token), true, None)
+    }
+
     fn token_text(&self, token: Token) -> String {
         if token < 0 || token as usize >= self.info.n_vocab {
             return String::new();

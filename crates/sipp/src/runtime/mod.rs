@@ -180,6 +180,11 @@ pub trait Vocab: Send + Sync {
     fn token_bytes(&self, token: Token) -> Vec<u8>;
     /// The token's text as stored in the vocabulary (special tokens included).
     fn token_text(&self, token: Token) -> String;
+    /// The bytes a token contributes when special tokens are written out
+    /// (`skip_special_tokens: false`). May be part of a UTF-8 character.
+    fn token_bytes_special(&self, token: Token) -> Vec<u8> {
+        self.token_text(token).into_bytes()
+    }
     /// Whether the token ends generation (EOS, EOT and the like).
     fn is_eog(&self, token: Token) -> bool;
     /// Checks that a grammar or schema can be built, without a context.

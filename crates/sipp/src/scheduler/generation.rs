@@ -37,7 +37,7 @@ impl Generation {
     /// A generation with these settings.
     pub fn new(spec: GenerateSpec) -> Self {
         Self {
-            emitter: TextEmitter::new(&spec.stop),
+            emitter: TextEmitter::new(&spec.stop, spec.include_stop),
             spec,
             text: String::new(),
             tokens: Vec::new(),
@@ -97,7 +97,12 @@ impl Generation {
         let finish = if vocab.is_eog(token) && !self.spec.ignore_eos {
             Some(FinishReason::Eos)
         } else {
-            let scan = self.emitter.push(&vocab.token_bytes(token));
+            let bytes = if self.spec.skip_special_tokens {
+                vocab.token_bytes(token)
+            } else {
+                vocab.token_bytes_special(token)
+            };
+            let scan = self.emitter.push(&bytes);
             delta.text = scan.emit;
             if scan.stopped {
                 Some(FinishReason::Stop)
@@ -153,6 +158,8 @@ mod tests {
             logprobs: None,
             reasoning_budget: None,
             speculative: Default::default(),
+            skip_special_tokens: true,
+            include_stop: false,
         }
     }
 

@@ -53,6 +53,9 @@ pub struct PrefixShare {
     /// Tokens shared into it (`None`: its source went away; it computes the
     /// prefix itself).
     pub shared: Option<usize>,
+    /// Its prefill cursor before (tokens it already had, counted as reused
+    /// at its admission).
+    pub from: usize,
 }
 
 /// A preempted slot that resumes, sharing `cursor` tokens still resident

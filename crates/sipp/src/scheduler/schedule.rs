@@ -294,10 +294,13 @@ impl Scheduler {
             };
             let t = d.tokens_mut(slot);
             t.prefix_wait = None;
+            let from = t.prefill_cursor;
             if let Some(n) = shared {
                 t.prefill_cursor = n;
             }
-            d.plan.prefix_shares.push(PrefixShare { slot, shared });
+            d.plan
+                .prefix_shares
+                .push(PrefixShare { slot, shared, from });
         }
     }
 

@@ -102,6 +102,8 @@ impl Utf8Carry {
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// A matched stop string is emitted with the text before it.
+    keep_stop: bool,
 }
 
 /// The result of pushing text through a [`StopMatcher`].
@@ -119,6 +121,16 @@ impl StopMatcher {
         Self {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
+            keep_stop: false,
+        }
+    }
+
+    /// A matcher that keeps the stop string it matched at the end of the
+    /// text (the earliest match; the longest stop among those starting there).
+    pub fn keeping_stop(stops: &[String]) -> Self {
+        Self {
+            keep_stop: true,
+            ..Self::new(stops)
         }
     }
 
@@ -136,13 +148,23 @@ impl StopMatcher {
             };
         }
         self.held.push_str(text);
+        // The earliest match; at one position, the longest stop.
         let first_match = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .filter_map(|s| {
+                self.held
+                    .find(s.as_str())
+                    .map(|at| (at, usize::MAX - s.len()))
+            })
             .min();
-        if let Some(at) = first_match {
-            let emit = self.held[..at].to_string();
+        if let Some((at, rev_len)) = first_match {
+            let end = if self.keep_stop {
+                at + (usize::MAX - rev_len)
+            } else {
+                at
+            };
+            let emit = self.held[..end].to_string();
             self.held.clear();
             return StopScan {
                 emit,
@@ -189,11 +211,16 @@ pub struct TextEmitter {
 }
 
 impl TextEmitter {
-    /// An emitter with these stop strings.
-    pub fn new(stops: &[String]) -> Self {
+    /// An emitter with these stop strings; `keep_stop` leaves a matched one
+    /// at the end of the text.
+    pub fn new(stops: &[String], keep_stop: bool) -> Self {
         Self {
             utf8: Utf8Carry::default(),
-            stops: StopMatcher::new(stops),
+            stops: if keep_stop {
+                StopMatcher::keeping_stop(stops)
+            } else {
+                StopMatcher::new(stops)
+            },
         }
     }
 
@@ -286,14 +313,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_kept_stop_ends_the_text_and_the_longest_at_a_position_wins() {
+        let stops = ["b".to_string(), "bcd".to_string(), "zz".to_string()];
+        let mut m = StopMatcher::keeping_stop(&stops);
+        assert_eq!(m.push("a").emit, "a");
+        let s = m.push("bcde tail");
+        assert!(s.stopped);
+        assert_eq!(s.emit, "bcd");
+        // Held-back text that turned out to be a stop is released with it.
+        let mut m = StopMatcher::keeping_stop(&["</end>".to_string()]);
+        assert_eq!(m.push("x </e").emit, "x ");
+        assert_eq!(m.push("nd> y").emit, "</end>");
+    }
+
     proptest! {
-        // Streaming in any split equals matching the whole text at once.
+        // Streaming in any split equals matching the whole text at once,
+        // with the stop trimmed or kept.
         #[test]
-        fn streaming_equals_whole(text in "[abc\u{e9}\u{65e5}]{0,40}", stop in "[abc\u{e9}]{1,3}", cuts in proptest::collection::vec(0usize..50, 0..8)) {
+        fn streaming_equals_whole(text in "[abc\u{e9}\u{65e5}]{0,40}", stop in "[abc\u{e9}]{1,3}", cuts in proptest::collection::vec(0usize..50, 0..8), keep in any::<bool>()) {
             let bytes = text.as_bytes();
             let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
             cuts.sort_unstable();
-            let mut e = TextEmitter::new(&[stop.clone()]);
+            let mut e = TextEmitter::new(&[stop.clone()], keep);
             let mut out = String::new();
             let mut prev = 0;
             let mut stopped = false;
@@ -304,7 +346,11 @@ mod tests {
                 if s.stopped { stopped = true; break; }
             }
             if !stopped { out.push_str(&e.finish()); }
-            let expected = match text.find(&stop) { Some(i) => &text[..i], None => &text[..] };
+            let expected = match text.find(&stop) {
+                Some(i) if keep => &text[..i + stop.len()],
+                Some(i) => &text[..i],
+                None => &text[..],
+            };
             prop_assert_eq!(out, expected);
         }
     }

@@ -28,6 +28,10 @@ pub struct ChatTurn<'a> {
     pub reasoning: ReasoningFormat,
     /// Extra template variables (`chat_template_kwargs`).
     pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// The last message is an unfinished assistant answer to continue: the
+    /// prompt ends with its text, with no end-of-turn and no new generation
+    /// prompt (transformers' and vLLM's `continue_final_message`).
+    pub continue_final: bool,
 }
 
 impl<'a> ChatTurn<'a> {
@@ -38,6 +42,7 @@ impl<'a> ChatTurn<'a> {
             tools,
             reasoning: ReasoningFormat::Split,
             kwargs: None,
+            continue_final: false,
         }
     }
 }
