@@ -162,6 +162,8 @@ fn the_worker_contract_routers_read() {
     for f in ["continue_final_message", "logprobs"] {
         completion.as_object_mut().expect("object").remove(f);
     }
+    // Completions carry `max_tokens` (the routers rename it only for chat).
+    completion["max_tokens"] = json!(3);
     completion["prompt"] = json!("hello");
     completion["echo"] = json!(false);
     let (st, v) = post(&c, &s, "/v1/completions", completion);
