@@ -149,6 +149,18 @@ struct Rendered {
     stream: bool,
 }
 
+impl Rendered {
+    fn new(id_prefix: &str, model: String, token_ids: Vec<i32>, stream: Option<bool>) -> Self {
+        Self {
+            request_id: new_id(id_prefix),
+            model,
+            token_ids,
+            features: None,
+            stream: stream.unwrap_or(false),
+        }
+    }
+}
+
 /// POST /v1/chat/completions/render: the token ids the chat request would
 /// compute (template, tools, `chat_template_kwargs`,
 /// `continue_final_message` applied), without generating.
@@ -157,18 +169,12 @@ pub async fn render_chat(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let (model, engine) = local(&state, req.model.as_deref())?;
-    let turn = super::openai::chat_turn(&engine, &req)?;
-    let token_ids = engine
-        .prompt_tokens(&turn.prompt, true, true)
-        .map_err(|e| ApiError::from(e).renamed_param("prompt", "messages"))?;
-    Ok(Json(Rendered {
-        request_id: new_id("chatcmpl"),
-        model,
-        token_ids,
-        features: None,
-        stream: req.stream.unwrap_or(false),
-    })
-    .into_response())
+    // A prepared turn's prompt is already the tokenizer's ids.
+    let token_ids = match super::openai::chat_turn(&engine, &req)?.prompt {
+        PromptInput::Tokens(t) => t,
+        PromptInput::Text(t) => engine.prompt_tokens(&PromptInput::Text(t), true, true)?,
+    };
+    Ok(Json(Rendered::new("chatcmpl", model, token_ids, req.stream)).into_response())
 }
 
 /// POST /v1/completions/render: the token ids of each prompt, one entry per
@@ -182,13 +188,8 @@ pub async fn render_completions(
     let out = prompts
         .iter()
         .map(|p| {
-            Ok(Rendered {
-                request_id: new_id("cmpl"),
-                model: model.clone(),
-                token_ids: engine.prompt_tokens(p, true, true)?,
-                features: None,
-                stream: req.stream.unwrap_or(false),
-            })
+            let ids = engine.prompt_tokens(p, true, true)?;
+            Ok(Rendered::new("cmpl", model.clone(), ids, req.stream))
         })
         .collect::<Result<Vec<_>, sipp::engine::EngineError>>()?;
     Ok(Json(out).into_response())

@@ -162,6 +162,19 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
     }
 }
 
+impl LlamaModelHandle {
+    /// A token's bytes, special tokens written out or not; nothing for an
+    /// id outside the vocabulary.
+    fn piece(&self, token: Token, special: bool) -> Vec<u8> {
+        if token < 0 || token as usize >= self.info.n_vocab {
+            return Vec::new();
+        }
+        self.model
+            .vocab()
+            .token_to_piece(LlamaToken(token), special, None)
+    }
+}
+
 impl Vocab for LlamaModelHandle {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -183,32 +196,15 @@ impl Vocab for LlamaModelHandle {
     }
 
     fn token_bytes(&self, token: Token) -> Vec<u8> {
-        if token < 0 || token as usize >= self.info.n_vocab {
-            return Vec::new();
-        }
-        self.model
-            .vocab()
-            .token_to_piece(LlamaToken(token), false, None)
+        self.piece(token, false)
     }
 
     fn token_bytes_special(&self, token: Token) -> Vec<u8> {
-        if token < 0 || token as usize >= self.info.n_vocab {
-            return Vec::new();
-        }
-        self.model
-            .vocab()
-            .token_to_piece(LlamaToken(token), true, None)
+        self.piece(token, true)
     }
 
     fn token_text(&self, token: Token) -> String {
-        if token < 0 || token as usize >= self.info.n_vocab {
-            return String::new();
-        }
-        let piece = self
-            .model
-            .vocab()
-            .token_to_piece(LlamaToken(token), true, None);
-        String::from_utf8_lossy(&piece).into_owned()
+        String::from_utf8_lossy(&self.piece(token, true)).into_owned()
     }
 
     fn is_eog(&self, token: Token) -> bool {
