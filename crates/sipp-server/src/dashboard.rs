@@ -231,6 +231,7 @@ impl AppState {
                     TargetState::Loading => ("local", "loading", None, None),
                     TargetState::Failed(e) => ("local", "failed", Some(e), None),
                     TargetState::Ready(Target::Remote(_)) => ("provider", "ready", None, None),
+                    TargetState::Forwarded(_) => ("child", "ready", None, None),
                     TargetState::Ready(Target::Local(e)) if !e.is_alive() => {
                         ("local", "stopped", None, None)
                     }

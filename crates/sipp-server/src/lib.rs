@@ -5,6 +5,7 @@
 //! [`run`] serve it.
 
 pub mod auth;
+pub mod child;
 pub mod config;
 pub mod dashboard;
 pub mod error;
@@ -75,6 +76,11 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
         .method_not_allowed_fallback(routes::ops::method_not_allowed)
         // The JSON extractor enforces the configured limit itself.
         .layer(DefaultBodyLimit::disable())
+        // Inside the policy gate: forwarded requests are checked like any.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            child::proxy::forward,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             policy::gate,

@@ -23,6 +23,7 @@ pub struct ServerMetrics {
     requests: Family<Labels, Counter>,
     duration: Family<Labels, Histogram>,
     ttft: Family<Labels, Histogram>,
+    child_starts: Family<Labels, Counter>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -56,16 +57,30 @@ impl Default for ServerMetrics {
             "Time from submission to the first generated token",
             ttft.clone(),
         );
+        let child_starts = Family::<Labels, Counter>::default();
+        registry.register(
+            "sipp_child_starts",
+            "Starts of a supervised target's child process (RPC-backed targets), by model; more than one means restarts",
+            child_starts.clone(),
+        );
         Self {
             registry: Mutex::new(Some(registry)),
             requests,
             duration,
             ttft,
+            child_starts,
         }
     }
 }
 
 impl ServerMetrics {
+    /// Counts a start of `model`'s child process.
+    pub fn record_child_start(&self, model: &str) {
+        self.child_starts
+            .get_or_create(&vec![("model".to_string(), model.to_string())])
+            .inc();
+    }
+
     /// Adds the engine collector (once, when the state exists).
     pub fn attach_engines(&self, targets: Arc<RwLock<BTreeMap<String, TargetState>>>) {
         if let Ok(mut r) = self.registry.lock() {

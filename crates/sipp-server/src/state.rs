@@ -31,12 +31,30 @@ pub struct RemoteTarget {
 /// A target's state.
 #[derive(Clone, Debug)]
 pub enum TargetState {
-    /// Still loading.
+    /// Still loading (or, for a supervised target, its child starting).
     Loading,
     /// Serving.
     Ready(Target),
-    /// Failed to load.
+    /// Serving from a supervised child process: requests naming it are
+    /// forwarded there whole (see [`crate::child`]).
+    Forwarded(crate::child::ChildLink),
+    /// Failed to load (or, for a supervised target, its child is down and
+    /// being restarted).
     Failed(String),
+}
+
+/// 403: the caller's key may not use `model` (as the request named it).
+fn not_allowed(caller: &crate::policy::Caller, model: &str) -> ApiError {
+    ApiError {
+        param: Some("model".into()),
+        ..ApiError::forbidden(
+            "model_not_allowed",
+            format!(
+                "the API key `{}` may not use the model `{model}`",
+                caller.label().unwrap_or("?"),
+            ),
+        )
+    }
 }
 
 /// Shared by every request.
@@ -52,6 +70,10 @@ pub struct AppState {
     pub(crate) metrics: Arc<ServerMetrics>,
     pub(crate) responses: Arc<crate::routes::responses::ResponseStore>,
     pub(crate) created: u64,
+    /// Some target runs in a supervised child process.
+    pub(crate) supervised: bool,
+    /// The `[server]` settings a child process inherits.
+    pub(crate) child_server: Arc<crate::config::ServerSection>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -110,6 +132,8 @@ impl AppState {
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            supervised: !config.child && config.models.iter().any(crate::child::is_supervised),
+            child_server: Arc::new(config.server.clone()),
         }
     }
 
@@ -136,17 +160,7 @@ impl AppState {
             return Ok((id, target));
         };
         if !caller.may_use(&id) {
-            return Err(ApiError {
-                param: Some("model".into()),
-                ..ApiError::forbidden(
-                    "model_not_allowed",
-                    format!(
-                        "the API key `{}` may not use the model `{}`",
-                        caller.label().unwrap_or("?"),
-                        model.unwrap_or(id.as_str())
-                    ),
-                )
-            });
+            return Err(not_allowed(&caller, model.unwrap_or(id.as_str())));
         }
         Ok(match target {
             Target::Local(engine) if caller.meters_tokens() => {
@@ -184,7 +198,48 @@ impl AppState {
                 "the model `{id}` failed to load: {e}"
             ))),
             Some(TargetState::Ready(t)) => Ok((id.to_string(), t.clone())),
+            // Requests naming it are forwarded before any route sees them;
+            // a route without a `model` in its body is not.
+            Some(TargetState::Forwarded(_)) => Err(ApiError::bad_field(
+                "model",
+                format!("the model `{id}` runs in a supervised child process and this route is not forwarded to it"),
+            )),
         }
+    }
+
+    /// Whether any target is served by a child process (the forwarding
+    /// middleware reads bodies only then).
+    pub fn has_supervised_targets(&self) -> bool {
+        self.supervised
+    }
+
+    /// The child a request for `model` (the default when absent) is
+    /// forwarded to, with its target id; `None` for every other target, which
+    /// the routes answer (or refuse) themselves. A caller's key must be
+    /// allowed the target.
+    pub fn forward_link(
+        &self,
+        model: Option<&str>,
+    ) -> Result<Option<(String, crate::child::ChildLink)>, ApiError> {
+        let requested = model.unwrap_or(self.default_model.as_str());
+        let id = self
+            .aliases
+            .get(requested)
+            .map_or(requested, String::as_str);
+        let link = match self.targets.read() {
+            Ok(t) => match t.get(id) {
+                Some(TargetState::Forwarded(link)) => link.clone(),
+                _ => return Ok(None),
+            },
+            Err(_) => return Ok(None),
+        };
+        // The same refusal as for an in-process target.
+        if let Some(caller) = crate::policy::current() {
+            if !caller.may_use(id) {
+                return Err(not_allowed(&caller, requested));
+            }
+        }
+        Ok(Some((id.to_string(), link)))
     }
 
     /// Model ids and their state.
@@ -220,7 +275,7 @@ impl AppState {
                 TargetState::Ready(Target::Local(e)) if !e.is_alive() => {
                     return Health::Failed(format!("{id}: the engine has stopped"))
                 }
-                TargetState::Ready(_) => {}
+                TargetState::Ready(_) | TargetState::Forwarded(_) => {}
             }
         }
         if loading {
@@ -291,6 +346,15 @@ impl AppState {
                     Err(e) => state.set_target(&m.id, TargetState::Failed(e.to_string())),
                 }
             });
+        }
+        // An RPC-backed target runs in a supervised child process (ggml's RPC
+        // client aborts the process when a server drops); the child itself
+        // loads it here, in-process.
+        let (supervised, local): (Vec<_>, Vec<_>) = local
+            .into_iter()
+            .partition(|m| state.supervised && crate::child::is_supervised(m));
+        for m in supervised {
+            crate::child::spawn_supervisor(state.clone(), m, self.child_server.clone());
         }
         tokio::task::spawn_blocking(move || {
             for m in local {

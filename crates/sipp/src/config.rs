@@ -226,6 +226,54 @@ pub struct PlacementConfig {
     pub use_mmap: bool,
     /// Lock the weights in RAM. Default false.
     pub use_mlock: bool,
+    /// llama.cpp RPC servers (`rpc-server`, ggml devices over TCP) as
+    /// `host:port`, to spread the model's layers over other hosts. With any
+    /// listed, `gpu_layers = 0` means every layer is offloaded. ggml's RPC
+    /// client aborts the process when a server drops, so `sipp serve` runs such
+    /// a target in a supervised child process. Default: none.
+    pub rpc: Vec<String>,
+}
+
+/// The most RPC servers one model may use (ggml's `GGML_RPC_MAX_SERVERS`).
+pub const MAX_RPC_SERVERS: usize = 16;
+
+impl PlacementConfig {
+    /// Layers to offload: `gpu_layers`, or all of them when RPC servers are
+    /// listed and `gpu_layers` is 0 (the remote devices are the point).
+    pub fn offloaded_layers(&self) -> u32 {
+        if self.gpu_layers == 0 && !self.rpc.is_empty() {
+            u32::MAX
+        } else {
+            self.gpu_layers
+        }
+    }
+
+    /// Each RPC endpoint is `host:port` with a port in 1..=65535.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| {
+            Err(ConfigError::Invalid {
+                field: "placement.rpc",
+                message,
+            })
+        };
+        if self.rpc.len() > MAX_RPC_SERVERS {
+            return invalid(format!(
+                "at most {MAX_RPC_SERVERS} servers, got {}",
+                self.rpc.len()
+            ));
+        }
+        for e in &self.rpc {
+            let ok = e.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.trim().is_empty()
+                    && !host.contains(char::is_whitespace)
+                    && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                return invalid(format!("`{e}` is not host:port (e.g. 10.0.0.5:50052)"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for PlacementConfig {
@@ -234,6 +282,7 @@ impl Default for PlacementConfig {
             gpu_layers: 0,
             use_mmap: true,
             use_mlock: false,
+            rpc: Vec::new(),
         }
     }
 }
@@ -409,6 +458,7 @@ impl NativeRuntimeConfig {
             field: "sampling",
             message: e.to_string(),
         })?;
+        self.placement.validate()?;
         let spec = &self.speculative;
         if spec.n_max > MAX_DRAFT_TOKENS {
             return invalid(
@@ -438,6 +488,37 @@ impl NativeRuntimeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rpc_endpoints_are_host_and_port() {
+        let mut cfg = NativeRuntimeConfig::default();
+        assert_eq!(cfg.placement.offloaded_layers(), 0);
+        for good in ["127.0.0.1:50052", "gpu-box.lan:1", "[::1]:50052"] {
+            cfg.placement.rpc = vec![good.into()];
+            cfg.validate().expect(good);
+            assert_eq!(cfg.placement.offloaded_layers(), u32::MAX, "{good}");
+        }
+        cfg.placement.gpu_layers = 12;
+        assert_eq!(cfg.placement.offloaded_layers(), 12);
+        for bad in [
+            "127.0.0.1",
+            ":50052",
+            "host:0",
+            "host:70000",
+            "host:port",
+            "a b:1",
+        ] {
+            cfg.placement.rpc = vec!["127.0.0.1:1".into(), bad.into()];
+            let e = cfg.validate().expect_err(bad).to_string();
+            assert!(e.contains("placement.rpc") && e.contains(bad), "{bad}: {e}");
+        }
+        cfg.placement.rpc = (0..17).map(|i| format!("h:{}", i + 1)).collect();
+        assert!(cfg
+            .validate()
+            .expect_err("17")
+            .to_string()
+            .contains("at most 16"));
+    }
 
     #[test]
     fn defaults_resolve_threads_from_machine() {

@@ -50,6 +50,16 @@ pub struct ServeArgs {
     /// The shape of GET /get_load for routers: sglang (default) or vllm.
     #[arg(long = "load-format")]
     pub load_format: Option<sipp_server::config::LoadFormat>,
+    /// llama.cpp RPC servers (`rpc-server`) to spread each model's layers
+    /// over, as host:port[,host:port...]; such a target runs in a supervised
+    /// child process.
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
+    /// Run as a supervised child: RPC-backed targets load in this process,
+    /// the bound address goes to stdout as `{"listening": ADDR}`, and the
+    /// server exits when stdin closes (its parent is gone).
+    #[arg(long, hide = true)]
+    pub supervised: bool,
 }
 
 /// The effective configuration.
@@ -132,7 +142,11 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
         if args.embeddings {
             t.runtime.context.embeddings = true;
         }
+        if !args.rpc.is_empty() && t.provider.is_none() {
+            t.runtime.placement.rpc = args.rpc.clone();
+        }
     }
+    cfg.child = args.supervised;
     cfg.validate().map_err(CliError::usage)?;
     Ok(cfg)
 }
@@ -158,6 +172,24 @@ async fn shutdown_signal() {
     }
 }
 
+/// Resolves when stdin reaches its end: a supervised child's parent closed
+/// the pipe (or died), so the child stops too. The reader is a detached
+/// thread, so a child stopped by a signal does not wait for it.
+async fn stdin_closed() {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while let Ok(n) = std::io::Read::read(&mut stdin, &mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
+}
+
 pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let cfg = effective_config(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -179,7 +211,29 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             "listening on http://{addr} (models: {}; /health is 503 until loaded)",
             ids.join(", ")
         );
-        sipp_server::run(listener, state, &cfg, shutdown_signal())
+        let supervised = cfg.child;
+        if supervised {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "listening": addr.to_string() })
+            )
+            .and_then(|()| out.flush())
+            .map_err(|e| CliError::runtime(e.to_string()))?;
+        }
+        let stop = async move {
+            if supervised {
+                tokio::select! {
+                    () = shutdown_signal() => {},
+                    () = stdin_closed() => {},
+                }
+            } else {
+                shutdown_signal().await;
+            }
+        };
+        sipp_server::run(listener, state, &cfg, stop)
             .await
             .map_err(|e| CliError::runtime(e.to_string()))
     })?;

@@ -80,6 +80,7 @@ pub struct Policy {
     digests: Vec<[u8; 32]>,
     keys: Vec<KeyRule>,
     protect_health: bool,
+    public_metrics: bool,
     ip: IpPolicy,
     per_ip: Limiters<IpAddr>,
 }
@@ -124,6 +125,7 @@ impl Policy {
                 .collect(),
             keys,
             protect_health: s.protect_health,
+            public_metrics: s.public_metrics,
             ip: s.ip.clone(),
             per_ip: Limiters::new(s.limits.per_ip),
         }
@@ -281,7 +283,7 @@ fn is_admin_route(path: &str) -> bool {
 }
 
 /// An error in the shape of the route's API (Anthropic's on `/v1/messages`).
-fn refuse(path: &str, e: ApiError) -> Response {
+pub(crate) fn refuse(path: &str, e: ApiError) -> Response {
     if path.starts_with("/v1/messages") {
         crate::routes::anthropic::AnthropicError(e).into_response()
     } else {
@@ -308,7 +310,8 @@ pub async fn gate(State(state): State<AppState>, req: Request, next: Next) -> Re
     }
     let open = req.method() == Method::OPTIONS
         || is_public_page(&path)
-        || (path == "/health" && !policy.protect_health);
+        || (path == "/health" && !policy.protect_health)
+        || (path == "/metrics" && policy.public_metrics);
     let key = if policy.requires_keys() && !open {
         match crate::auth::presented_key(req.headers(), &policy.digests) {
             Ok(k) => Some(k),

@@ -47,7 +47,10 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let data = state
         .target_list()
         .into_iter()
-        .filter(|(id, s)| matches!(s, TargetState::Ready(_)) && state.caller_may_use(id))
+        .filter(|(id, s)| {
+            matches!(s, TargetState::Ready(_) | TargetState::Forwarded(_))
+                && state.caller_may_use(id)
+        })
         .map(|(id, _)| ModelCard {
             id,
             object: "model".into(),

@@ -154,6 +154,7 @@ impl App {
         let config = ServeConfig {
             server: server.clone(),
             models: targets.iter().map(|(t, _)| t.clone()).collect(),
+            ..Default::default()
         };
         config.validate().expect("valid config");
         let state = AppState::new(&config);

@@ -16,6 +16,7 @@ fn loading_app(server: ServerSection, ids: &[&str]) -> (App, Vec<mpsc::Sender<St
     let config = ServeConfig {
         server: server.clone(),
         models: ids.iter().map(|id| target(id, &[])).collect(),
+        ..Default::default()
     };
     let state = AppState::new(&config);
     let (senders, receivers): (Vec<_>, Vec<_>) =

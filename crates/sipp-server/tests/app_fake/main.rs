@@ -4,6 +4,7 @@
 //! the real model: real text, real JSON mode, the process and its signals.)
 
 mod anthropic;
+mod child;
 mod dashboard;
 mod errors;
 mod harness;

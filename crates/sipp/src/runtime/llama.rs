@@ -85,8 +85,9 @@ pub fn load_model(
 ) -> Result<Arc<LlamaModelHandle>, RuntimeError> {
     let header = check_gguf(path)?;
     let backend = backend()?;
+    super::rpc::register_servers(&placement.rpc)?;
     let mut params = LlamaModelParams::default()
-        .with_n_gpu_layers(placement.gpu_layers)
+        .with_n_gpu_layers(placement.offloaded_layers())
         .with_use_mmap(placement.use_mmap)
         .with_use_mlock(placement.use_mlock);
     if let Some(mut cb) = progress {

@@ -10,6 +10,8 @@ pub mod fake;
 pub mod gguf;
 #[cfg(feature = "llama")]
 pub mod llama;
+#[cfg(feature = "llama")]
+pub mod rpc;
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

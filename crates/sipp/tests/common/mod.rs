@@ -1,6 +1,8 @@
 //! Shared set-up for tests on the real default model.
 #![allow(dead_code)]
 
+pub mod rpc;
+
 use std::path::PathBuf;
 
 use sipp::engine::{Completion, Engine, GenerateRequest};
