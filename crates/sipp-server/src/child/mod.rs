@@ -151,6 +151,8 @@ async fn run_child(
         Ok(a) => a,
         Err(e) => return failed(exit_reason(&mut child, e).await),
     };
+    // Read by now: the child listens only after loading its config.
+    drop(config);
     let link = ChildLink {
         base: format!("http://{addr}"),
         key: key.into(),
@@ -180,7 +182,6 @@ async fn run_child(
             }
         }
     };
-    drop(config);
     Outcome {
         became_healthy: true,
         reason,
@@ -325,13 +326,13 @@ fn child_config(m: &ModelTarget, server: &ServerSection) -> Result<ChildConfig, 
     let path = std::env::temp_dir().join(format!(
         "sipp-child-{}-{safe}-{}.toml",
         std::process::id(),
-        fastrand_suffix()
+        random_suffix()
     ));
     std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(ChildConfig { path })
 }
 
-fn fastrand_suffix() -> String {
+fn random_suffix() -> String {
     let mut b = [0u8; 4];
     let _ = getrandom::fill(&mut b);
     hex::encode(b)
