@@ -182,11 +182,7 @@ impl AppState {
                 "must not be empty (omit it to use the default model)",
             ));
         }
-        let requested = model.unwrap_or(self.default_model.as_str());
-        let id = self
-            .aliases
-            .get(requested)
-            .map_or(requested, String::as_str);
+        let (requested, id) = self.named(model);
         let targets = self
             .targets
             .read()
@@ -207,6 +203,17 @@ impl AppState {
         }
     }
 
+    /// What a request's `model` names (the default when absent) and the
+    /// target id that is (aliases resolved).
+    fn named<'a>(&'a self, model: Option<&'a str>) -> (&'a str, &'a str) {
+        let requested = model.unwrap_or(self.default_model.as_str());
+        let id = self
+            .aliases
+            .get(requested)
+            .map_or(requested, String::as_str);
+        (requested, id)
+    }
+
     /// Whether any target is served by a child process (the forwarding
     /// middleware reads bodies only then).
     pub fn has_supervised_targets(&self) -> bool {
@@ -221,11 +228,7 @@ impl AppState {
         &self,
         model: Option<&str>,
     ) -> Result<Option<(String, crate::child::ChildLink)>, ApiError> {
-        let requested = model.unwrap_or(self.default_model.as_str());
-        let id = self
-            .aliases
-            .get(requested)
-            .map_or(requested, String::as_str);
+        let (requested, id) = self.named(model);
         let link = match self.targets.read() {
             Ok(t) => match t.get(id) {
                 Some(TargetState::Forwarded(link)) => link.clone(),
