@@ -277,11 +277,16 @@ fn describe_exit(status: std::io::Result<std::process::ExitStatus>) -> String {
     }
 }
 
-/// 32 random bytes as hex.
-fn random_key() -> Result<String, getrandom::Error> {
-    let mut bytes = [0u8; 32];
+/// `n` random bytes as hex.
+fn random_hex(n: usize) -> Result<String, getrandom::Error> {
+    let mut bytes = vec![0u8; n];
     getrandom::fill(&mut bytes)?;
-    Ok(format!("sk-child-{}", hex::encode(bytes)))
+    Ok(hex::encode(bytes))
+}
+
+/// A child's key: 32 random bytes.
+fn random_key() -> Result<String, getrandom::Error> {
+    Ok(format!("sk-child-{}", random_hex(32)?))
 }
 
 /// The child's config file, removed when dropped.
@@ -326,16 +331,10 @@ fn child_config(m: &ModelTarget, server: &ServerSection) -> Result<ChildConfig, 
     let path = std::env::temp_dir().join(format!(
         "sipp-child-{}-{safe}-{}.toml",
         std::process::id(),
-        random_suffix()
+        random_hex(4).unwrap_or_default()
     ));
     std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(ChildConfig { path })
-}
-
-fn random_suffix() -> String {
-    let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
-    hex::encode(b)
 }
 
 #[cfg(test)]

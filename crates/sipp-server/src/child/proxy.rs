@@ -19,7 +19,7 @@ use futures::StreamExt;
 
 use super::ChildLink;
 use crate::error::ApiError;
-use crate::policy::refuse;
+use crate::policy::{is_anthropic_route, refuse};
 use crate::state::AppState;
 
 /// Headers that belong to one connection, or to the caller's credentials,
@@ -61,17 +61,15 @@ pub async fn forward(State(state): State<AppState>, req: Request, next: Next) ->
     let model = serde_json::from_slice::<ModelField>(&bytes)
         .ok()
         .and_then(|m| m.model);
-    let named = match &model {
-        Some(serde_json::Value::String(s)) if !s.trim().is_empty() => Some(s.as_str()),
-        // The route answers a bad `model` itself.
-        Some(_) => {
-            return next
-                .run(Request::from_parts(parts, Body::from(bytes)))
-                .await
+    let forwarded = match &model {
+        Some(serde_json::Value::String(s)) if !s.trim().is_empty() => {
+            state.forward_link(Some(s.as_str()))
         }
-        None => None,
+        // The route answers a bad `model` itself.
+        Some(_) => Ok(None),
+        None => state.forward_link(None),
     };
-    match state.forward_link(named) {
+    match forwarded {
         Ok(Some((id, link))) => send(&path, &id, &link, parts, bytes).await,
         Ok(None) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
@@ -79,10 +77,6 @@ pub async fn forward(State(state): State<AppState>, req: Request, next: Next) ->
         }
         Err(e) => refuse(&path, e),
     }
-}
-
-fn is_anthropic(path: &str) -> bool {
-    path.starts_with("/v1/messages")
 }
 
 fn unreachable_error(id: &str, e: &dyn std::fmt::Display) -> ApiError {
@@ -153,7 +147,7 @@ fn stream_error(path: &str, id: &str) -> Bytes {
     let e = ApiError::unavailable(format!(
         "the model `{id}` is unavailable: its engine process stopped during the answer; it is restarted"
     ));
-    let text = if is_anthropic(path) {
+    let text = if is_anthropic_route(path) {
         let body = crate::routes::anthropic::error_body(&e);
         format!(
             "event: error\ndata: {}\n\n",

@@ -282,9 +282,14 @@ fn is_admin_route(path: &str) -> bool {
     path == "/v1/dashboard" || path.starts_with("/v1/dashboard/")
 }
 
+/// Whether `path` is one of Anthropic's routes, answered in its shapes.
+pub(crate) fn is_anthropic_route(path: &str) -> bool {
+    path.starts_with("/v1/messages")
+}
+
 /// An error in the shape of the route's API (Anthropic's on `/v1/messages`).
 pub(crate) fn refuse(path: &str, e: ApiError) -> Response {
-    if path.starts_with("/v1/messages") {
+    if is_anthropic_route(path) {
         crate::routes::anthropic::AnthropicError(e).into_response()
     } else {
         e.into_response()
