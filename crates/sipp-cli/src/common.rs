@@ -38,7 +38,9 @@ impl CliError {
 impl From<ModelError> for CliError {
     fn from(e: ModelError) -> Self {
         match e {
-            ModelError::NotFetched { .. } => CliError::usage(e.to_string()),
+            ModelError::NotFetched { .. } | ModelError::NotPulled { .. } => {
+                CliError::usage(e.to_string())
+            }
             _ => CliError::runtime(e.to_string()),
         }
     }
@@ -158,7 +160,8 @@ impl ModelArgs {
 /// Resolves the model (fetching a named one when missing) and loads it, with a
 /// progress bar on a terminal; reports the load time on stderr.
 pub fn load_engine(model: &str, cfg: NativeRuntimeConfig, quiet: bool) -> Result<Engine, CliError> {
-    let path = sipp::models::resolve_or_fetch(model)?;
+    let path =
+        sipp::models::resolve_or_fetch_with(model, &mut crate::commands::store::Bar::new(quiet))?;
     let bar = if quiet {
         ProgressBar::hidden()
     } else {

@@ -31,6 +31,12 @@ enum Cmd {
     Inspect(commands::inspect::InspectArgs),
     /// Fetch and list named models.
     Models(commands::models::ModelsArgs),
+    /// Pull models from a Hugging Face-style hub into the local store.
+    Pull(commands::store::PullArgs),
+    /// List the models in the local store.
+    List(commands::store::ListArgs),
+    /// Remove models from the local store.
+    Rm(commands::store::RmArgs),
     /// Serve models over HTTP (OpenAI API and sipp's own profile).
     Serve(commands::serve::ServeArgs),
     /// Measure throughput and latency under concurrency.
@@ -52,6 +58,9 @@ fn main() -> ExitCode {
         Cmd::Embed(a) => commands::embed::run(a),
         Cmd::Inspect(a) => commands::inspect::run(a),
         Cmd::Models(a) => commands::models::run(a),
+        Cmd::Pull(a) => commands::store::pull(a),
+        Cmd::List(a) => commands::store::list(a),
+        Cmd::Rm(a) => commands::store::rm(a),
         Cmd::Bench(a) => commands::bench::run(a),
         Cmd::Serve(a) => commands::serve::run(a),
     };

