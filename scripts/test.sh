@@ -53,7 +53,7 @@ build() {
 }
 # llama.cpp's rpc-server from the reference source, for the RPC tests.
 rpc_server() { scripts/rpc-server.sh >/dev/null; }
-models() { "$(sipp_bin)" models fetch default minilm >/dev/null; }
+models() { "$(sipp_bin)" models fetch default minilm gemma3 >/dev/null; }
 # --no-fail-fast: every test binary runs even when one fails.
 tests() { cargo test --release --workspace --quiet --no-fail-fast "$@"; }
 # The query example runs against the default model. The prompt is chosen so

@@ -457,6 +457,42 @@ fn catalogue() -> Vec<Case> {
             "content",
         ),
     ];
+    for path in ["/models/load", "/models/unload"] {
+        v.extend([
+            case("model admin: empty body", path, "", 400, "empty"),
+            case("model admin: malformed JSON", path, "{", 400, "JSON"),
+            case("model admin: missing model", path, r#"{}"#, 400, "model"),
+            case(
+                "model admin: model of wrong type",
+                path,
+                r#"{"model": 7}"#,
+                400,
+                "model",
+            ),
+            case(
+                "model admin: empty model",
+                path,
+                r#"{"model": ""}"#,
+                400,
+                "model",
+            ),
+            case(
+                "model admin: unknown model",
+                path,
+                r#"{"model": "no-such-model"}"#,
+                404,
+                "no-such-model",
+            ),
+        ]);
+        v.push(Case {
+            name: "model admin: wrong method",
+            method: "GET",
+            path,
+            body: Vec::new(),
+            status: 405,
+            expect: "method",
+        });
+    }
     let mut invalid_utf8 = br#"{"prompt": ""#.to_vec();
     invalid_utf8.extend_from_slice(&[0xff, 0xfe, 0xc3]);
     invalid_utf8.extend_from_slice(br#""}"#);
@@ -504,7 +540,12 @@ fn every_bad_input_gets_its_4xx_and_others_keep_being_served() {
     // A long generation streams the whole time.
     let url = s.url("/v1/completions");
     let stream = std::thread::spawn(move || {
-        Client::new()
+        // reqwest's blocking client gives up after 30 s by default; on 2
+        // busy cores 150 tokens beside 40 other requests can take longer.
+        Client::builder()
+            .timeout(std::time::Duration::from_secs(300))
+            .build()
+            .expect("client")
             .post(url)
             .json(&serde_json::json!({"prompt": "Tell me a long story", "max_tokens": 150, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}))
             .send()

@@ -580,6 +580,148 @@ fn health_answers_while_loading_turns_ready_and_sigterm_drains() {
     assert!(status.success(), "{status}");
 }
 
+/// Each model's `status.value` in /v1/models.
+fn model_status(c: &Client, s: &Server) -> std::collections::BTreeMap<String, String> {
+    let v: Value = c
+        .get(s.url("/v1/models"))
+        .send()
+        .and_then(|r| r.json())
+        .expect("models");
+    v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|m| {
+            let id = m["id"].as_str().expect("id").to_string();
+            let status = m["status"]["value"].as_str().expect("status").to_string();
+            (id, status)
+        })
+        .collect()
+}
+
+/// Two on-demand targets (the default model under two ids) and
+/// `--models-max 1`: nothing loads at start; alternating requests load one
+/// model and unload the other in turn; a stream in flight on one model
+/// finishes whole while a request for the other waits for it; /metrics
+/// counts the loads and unloads.
+#[test]
+fn on_demand_models_load_and_unload_in_turn_under_a_cap() {
+    let dir = tempdir("on-demand");
+    let cfg = dir.join("sipp.toml");
+    let target = |id: &str| {
+        format!(
+            "[[models]]\nid = \"{id}\"\nmodel = \"default\"\nload = \"on_demand\"\n[models.runtime.context]\nn_ctx = 1024\nn_parallel = 2\n\n"
+        )
+    };
+    std::fs::write(&cfg, format!("{}{}", target("first"), target("second"))).expect("config");
+    let s = Server::start(&["--config", cfg.to_str().expect("utf8"), "--models-max", "1"]);
+    let c = patient();
+    let status = |pairs: [(&str, &str); 2]| -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    };
+    // Healthy with nothing loaded.
+    assert_eq!(
+        model_status(&c, &s),
+        status([("first", "unloaded"), ("second", "unloaded")])
+    );
+    let chat = |model: &str, max_tokens: u32, stream: bool| {
+        let mut body = json!({"model": model, "messages": [{"role": "user", "content": "Tell me about the sea"}], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    for round in 0..2 {
+        for (id, other) in [("first", "second"), ("second", "first")] {
+            let (st, v) = post(&c, &s, "/v1/chat/completions", chat(id, 4, false));
+            assert_eq!(st, 200, "round {round}, {id}: {v}");
+            assert_eq!(v["model"], id, "{v}");
+            assert_eq!(
+                model_status(&c, &s),
+                status([(id, "loaded"), (other, "unloaded")]),
+                "round {round}"
+            );
+        }
+    }
+    // A stream on `second` (loaded now) and, once it has begun, a request
+    // for `first`: the stream runs to its end, then `first` loads.
+    let mut stream = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&chat("second", 128, true))
+        .send()
+        .expect("stream");
+    assert_eq!(stream.status(), 200);
+    let mut first_bytes = [0u8; 6];
+    stream
+        .read_exact(&mut first_bytes)
+        .expect("the stream begins");
+    assert_eq!(&first_bytes, b"data: ");
+    let other = {
+        let c = c.clone();
+        let url = s.url("/v1/chat/completions");
+        let body = chat("first", 4, false);
+        std::thread::spawn(move || {
+            let r = c.post(url).json(&body).send().expect("request");
+            (
+                r.status().as_u16(),
+                r.json::<Value>().unwrap_or(Value::Null),
+            )
+        })
+    };
+    let mut rest = String::new();
+    stream.read_to_string(&mut rest).expect("the stream ends");
+    let data = sse_data(&format!("data: {rest}"));
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{rest}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("json"))
+        .collect();
+    assert!(
+        chunks.iter().all(|c| c.get("error").is_none()),
+        "the stream was cut: {rest}"
+    );
+    let usage = chunks.last().expect("usage chunk");
+    assert_eq!(usage["usage"]["completion_tokens"], 128, "{usage}");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "length"),
+        "{rest}"
+    );
+    let (st, v) = other.join().expect("thread");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        model_status(&c, &s),
+        status([("first", "loaded"), ("second", "unloaded")])
+    );
+    // Every load and unload counted.
+    for (series, want) in [
+        ("sipp_model_loads_total{model=\"first\",result=\"ok\"}", 3.0),
+        (
+            "sipp_model_loads_total{model=\"second\",result=\"ok\"}",
+            2.0,
+        ),
+        (
+            "sipp_model_unloads_total{model=\"first\",reason=\"lru\"}",
+            2.0,
+        ),
+        (
+            "sipp_model_unloads_total{model=\"second\",reason=\"lru\"}",
+            2.0,
+        ),
+    ] {
+        assert_eq!(s.metric(series), Some(want), "{series}");
+    }
+    assert_eq!(
+        c.get(s.url("/health")).send().expect("health").status(),
+        200
+    );
+}
+
 fn tempdir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("sipp-serve-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("dir");

@@ -60,6 +60,27 @@ pub struct ServerSection {
     /// sglang-router reads; the default) or `vllm` (`{"load": N}`, what
     /// vllm-router reads).
     pub load_format: LoadFormat,
+    /// The most in-process local models resident at once; loading another
+    /// unloads the least recently used first (after its in-flight requests
+    /// finish). Default: no cap.
+    pub models_max: Option<usize>,
+    /// Unload an in-process local model unused for this many seconds (it is
+    /// loaded again on its next request). Default: never.
+    pub idle_unload_secs: Option<u64>,
+    /// How long a request waits for its model to load (and for room to be
+    /// made for it) before a 503. Default 300.
+    pub load_wait_secs: u64,
+}
+
+/// When a model target is loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadWhen {
+    /// When the server starts (the default).
+    #[default]
+    Startup,
+    /// On its first request (or `POST /models/load`).
+    OnDemand,
 }
 
 /// The two shapes routers read from `GET /get_load`.
@@ -102,6 +123,9 @@ impl Default for ServerSection {
             shutdown_grace_secs: 10,
             responses_store: crate::routes::responses::DEFAULT_STORED_RESPONSES,
             load_format: LoadFormat::default(),
+            models_max: None,
+            idle_unload_secs: None,
+            load_wait_secs: 300,
         }
     }
 }
@@ -154,6 +178,20 @@ pub struct ModelTarget {
     /// This target's runtime configuration.
     #[serde(default)]
     pub runtime: NativeRuntimeConfig,
+    /// `startup` (the default) or `on_demand`: declared, but loaded only
+    /// when a request (or `POST /models/load`) first needs it. Local
+    /// in-process models only.
+    #[serde(default)]
+    pub load: LoadWhen,
+}
+
+impl ModelTarget {
+    /// Whether this target runs in this process on a local engine (not a
+    /// provider, not an RPC-backed target in a supervised child): the
+    /// targets that can be loaded and unloaded while serving.
+    pub fn is_in_process(&self) -> bool {
+        self.provider.is_none() && self.runtime.placement.rpc.is_empty()
+    }
 }
 
 impl ServeConfig {
@@ -239,7 +277,56 @@ impl ServeConfig {
         if self.models.iter().filter(|m| m.default).count() > 1 {
             return Err("more than one model target has `default = true`".into());
         }
+        self.check_residency()?;
         self.check_key_models(None)
+    }
+
+    /// Checks `load`, `server.models_max`, `server.idle_unload_secs` and
+    /// `server.load_wait_secs`.
+    fn check_residency(&self) -> Result<(), String> {
+        let s = &self.server;
+        for m in &self.models {
+            if m.load != LoadWhen::OnDemand {
+                continue;
+            }
+            if m.provider.is_some() {
+                return Err(format!(
+                    "model `{}`: `load = \"on_demand\"` is for local models; a provider target has nothing to load",
+                    m.id
+                ));
+            }
+            if !m.is_in_process() {
+                return Err(format!(
+                    "model `{}`: `load = \"on_demand\"` is for local models; an RPC-backed target runs in a supervised child process that loads it at start",
+                    m.id
+                ));
+            }
+        }
+        if s.models_max == Some(0) {
+            return Err("`server.models_max` must be at least 1".into());
+        }
+        if let Some(max) = s.models_max {
+            let at_startup: Vec<&str> = self
+                .models
+                .iter()
+                .filter(|m| m.is_in_process() && m.load == LoadWhen::Startup)
+                .map(|m| m.id.as_str())
+                .collect();
+            if at_startup.len() > max {
+                return Err(format!(
+                    "`server.models_max` is {max} but {} local models load at startup ({}); mark some `load = \"on_demand\"` or raise the cap",
+                    at_startup.len(),
+                    at_startup.join(", ")
+                ));
+            }
+        }
+        if s.idle_unload_secs == Some(0) {
+            return Err("`server.idle_unload_secs` must be at least 1 (leave it out to never unload idle models)".into());
+        }
+        if s.load_wait_secs == 0 {
+            return Err("`server.load_wait_secs` must be at least 1".into());
+        }
+        Ok(())
     }
 }
 
@@ -328,5 +415,70 @@ embeddings = true
         assert_eq!(c.server.api_keys[0].role(), crate::policy::Role::Admin);
         assert_eq!(c.server.api_keys[1].role(), crate::policy::Role::User);
         c.validate().expect("valid");
+    }
+
+    /// On-demand loading and the residency settings parse; bad values fail
+    /// naming the field.
+    #[test]
+    fn residency_settings_parse_and_bad_ones_name_the_field() {
+        let two = "[[models]]\nid = \"a\"\nmodel = \"x\"\n[[models]]\nid = \"b\"\nmodel = \"y\"\nload = \"on_demand\"\n";
+        let c = ServeConfig::from_toml(&format!(
+            "[server]\nmodels_max = 1\nidle_unload_secs = 60\nload_wait_secs = 30\n{two}"
+        ))
+        .expect("parses");
+        assert_eq!(c.models[0].load, LoadWhen::Startup);
+        assert_eq!(c.models[1].load, LoadWhen::OnDemand);
+        assert_eq!(
+            (
+                c.server.models_max,
+                c.server.idle_unload_secs,
+                c.server.load_wait_secs
+            ),
+            (Some(1), Some(60), 30)
+        );
+        c.validate().expect("valid");
+        assert_eq!(ServeConfig::default().server.load_wait_secs, 300);
+        let cases = [
+            ("[server]\nmodels_max = 0\n", "server.models_max"),
+            (
+                "[server]\nidle_unload_secs = 0\n",
+                "server.idle_unload_secs",
+            ),
+            ("[server]\nload_wait_secs = 0\n", "server.load_wait_secs"),
+        ];
+        for (server, field) in cases {
+            let e = ServeConfig::from_toml(&format!("{server}{two}"))
+                .expect("parses")
+                .validate()
+                .expect_err(server);
+            assert!(e.contains(field), "{server}: {e}");
+        }
+        // Two load at startup, one may be resident.
+        let e = ServeConfig::from_toml(&format!(
+            "[server]\nmodels_max = 1\n{}",
+            two.replace("load = \"on_demand\"\n", "")
+        ))
+        .expect("parses")
+        .validate()
+        .expect_err("over the cap");
+        assert!(e.contains("server.models_max") && e.contains("a, b"), "{e}");
+        // Nothing to load for a provider or an RPC-backed target.
+        let e = ServeConfig::from_toml(
+            "[[models]]\nid = \"p\"\nload = \"on_demand\"\n[models.provider]\nkind = \"openai\"\nmodel = \"gpt\"\n",
+        )
+        .expect("parses")
+        .validate()
+        .expect_err("provider");
+        assert!(e.contains("`p`") && e.contains("on_demand"), "{e}");
+        let e = ServeConfig::from_toml(
+            "[[models]]\nid = \"r\"\nmodel = \"x\"\nload = \"on_demand\"\n[models.runtime.placement]\nrpc = [\"127.0.0.1:50052\"]\n",
+        )
+        .expect("parses")
+        .validate()
+        .expect_err("rpc");
+        assert!(e.contains("`r`") && e.contains("RPC"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\nid = \"a\"\nmodel = \"x\"\nload = \"lazy\"\n")
+            .expect_err("unknown variant");
+        assert!(e.contains("lazy"), "{e}");
     }
 }

@@ -229,6 +229,7 @@ impl AppState {
             .map(|(id, s)| {
                 let (kind, state, error, engine) = match s {
                     TargetState::Loading => ("local", "loading", None, None),
+                    TargetState::Unloaded => ("local", "unloaded", None, None),
                     TargetState::Failed(e) => ("local", "failed", Some(e), None),
                     TargetState::Ready(Target::Remote(_)) => ("provider", "ready", None, None),
                     TargetState::Forwarded(_) => ("child", "ready", None, None),

@@ -104,6 +104,19 @@ impl ApiError {
         )
     }
 
+    /// 503 for a declared model that is not in memory, reached by a route
+    /// that does not load models (one whose body names none).
+    pub fn not_loaded(model: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("model_not_loaded"),
+            format!(
+                "the model `{model}` is not loaded; a request naming it in `model` (or POST /models/load) loads it"
+            ),
+        )
+    }
+
     /// 503 for a target that failed.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(

@@ -11,6 +11,7 @@ pub mod dashboard;
 pub mod error;
 pub mod metrics;
 pub mod policy;
+pub mod residency;
 pub mod routes;
 pub mod state;
 
@@ -22,7 +23,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
-pub use config::{ModelTarget, ServeConfig, ServerSection};
+pub use config::{LoadWhen, ModelTarget, ServeConfig, ServerSection};
 pub use state::{AppState, Target, TargetState};
 
 /// The router for a state and CORS settings.
@@ -56,6 +57,8 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
             get(routes::responses::retrieve).delete(routes::responses::delete),
         )
         .route("/v1/models", get(routes::ops::models))
+        .route("/models/load", post(routes::ops::load_model))
+        .route("/models/unload", post(routes::ops::unload_model))
         .route("/v1/query", post(routes::native::query))
         .route("/v1/chat", post(routes::native::chat))
         .route("/v1/embed", post(routes::native::embed))
@@ -76,6 +79,12 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
         .method_not_allowed_fallback(routes::ops::method_not_allowed)
         // The JSON extractor enforces the configured limit itself.
         .layer(DefaultBodyLimit::disable())
+        // Innermost: a model is brought into memory (and held there) for
+        // the request's route.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            residency::middleware::ensure_loaded,
+        ))
         // Inside the policy gate: forwarded requests are checked like any.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -116,6 +125,7 @@ pub async fn bind(config: &ServeConfig) -> std::io::Result<(tokio::net::TcpListe
     let state = AppState::new(config);
     state.spawn_loading(config.models.clone());
     state.spawn_sampler();
+    state.spawn_idle_unloader();
     Ok((listener, state))
 }
 

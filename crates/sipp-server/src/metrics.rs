@@ -1,6 +1,7 @@
 //! Prometheus metrics: HTTP requests by route and status, request duration and
 //! time to first token histograms, and the engines' own figures (queue depth,
-//! busy slots, KV cells, tokens, prefix-cache hits) read at scrape time.
+//! busy slots, KV cells, tokens, prefix-cache hits) read at scrape time, and
+//! model loads and unloads.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -24,6 +25,8 @@ pub struct ServerMetrics {
     duration: Family<Labels, Histogram>,
     ttft: Family<Labels, Histogram>,
     child_starts: Family<Labels, Counter>,
+    model_loads: Family<Labels, Counter>,
+    model_unloads: Family<Labels, Counter>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -63,12 +66,26 @@ impl Default for ServerMetrics {
             "Starts of a supervised target's child process (RPC-backed targets), by model; more than one means restarts",
             child_starts.clone(),
         );
+        let model_loads = Family::<Labels, Counter>::default();
+        registry.register(
+            "sipp_model_loads",
+            "Loads of in-process models, by model and result (ok, error)",
+            model_loads.clone(),
+        );
+        let model_unloads = Family::<Labels, Counter>::default();
+        registry.register(
+            "sipp_model_unloads",
+            "Unloads of in-process models, by model and reason (lru: room for another under server.models_max; idle: server.idle_unload_secs; admin: POST /models/unload)",
+            model_unloads.clone(),
+        );
         Self {
             registry: Mutex::new(Some(registry)),
             requests,
             duration,
             ttft,
             child_starts,
+            model_loads,
+            model_unloads,
         }
     }
 }
@@ -78,6 +95,29 @@ impl ServerMetrics {
     pub fn record_child_start(&self, model: &str) {
         self.child_starts
             .get_or_create(&vec![("model".to_string(), model.to_string())])
+            .inc();
+    }
+
+    /// Counts a load of `model` that succeeded or failed.
+    pub fn record_model_load(&self, model: &str, ok: bool) {
+        self.model_loads
+            .get_or_create(&vec![
+                ("model".to_string(), model.to_string()),
+                (
+                    "result".to_string(),
+                    if ok { "ok" } else { "error" }.to_string(),
+                ),
+            ])
+            .inc();
+    }
+
+    /// Counts an unload of `model` for `reason` (lru, idle or admin).
+    pub fn record_model_unload(&self, model: &str, reason: &str) {
+        self.model_unloads
+            .get_or_create(&vec![
+                ("model".to_string(), model.to_string()),
+                ("reason".to_string(), reason.to_string()),
+            ])
             .inc();
     }
 

@@ -41,10 +41,14 @@ pub enum TargetState {
     /// Failed to load (or, for a supervised target, its child is down and
     /// being restarted).
     Failed(String),
+    /// Declared but not in memory: an on-demand target not yet used, or one
+    /// unloaded (least recently used, idle, or by an admin). The next
+    /// request for it loads it (see [`crate::residency`]).
+    Unloaded,
 }
 
 /// 403: the caller's key may not use `model` (as the request named it).
-fn not_allowed(caller: &crate::policy::Caller, model: &str) -> ApiError {
+pub(crate) fn not_allowed(caller: &crate::policy::Caller, model: &str) -> ApiError {
     ApiError {
         param: Some("model".into()),
         ..ApiError::forbidden(
@@ -74,6 +78,8 @@ pub struct AppState {
     pub(crate) supervised: bool,
     /// The `[server]` settings a child process inherits.
     pub(crate) child_server: Arc<crate::config::ServerSection>,
+    /// Which in-process models are resident, and their loads and unloads.
+    pub(crate) residency: Arc<crate::residency::Residency>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -102,7 +108,12 @@ impl AppState {
         let mut targets = BTreeMap::new();
         let mut aliases = HashMap::new();
         for m in &config.models {
-            targets.insert(m.id.clone(), TargetState::Loading);
+            let first = if m.load == crate::config::LoadWhen::OnDemand {
+                TargetState::Unloaded
+            } else {
+                TargetState::Loading
+            };
+            targets.insert(m.id.clone(), first);
             for a in &m.aliases {
                 aliases.insert(a.clone(), m.id.clone());
             }
@@ -134,6 +145,7 @@ impl AppState {
                 .map_or(0, |d| d.as_secs()),
             supervised: !config.child && config.models.iter().any(crate::child::is_supervised),
             child_server: Arc::new(config.server.clone()),
+            residency: Arc::new(crate::residency::Residency::new(config)),
         }
     }
 
@@ -149,6 +161,11 @@ impl AppState {
         if let Ok(mut t) = self.targets.write() {
             t.insert(id.to_string(), state);
         }
+    }
+
+    /// A target's state now.
+    pub fn target_state(&self, id: &str) -> Option<TargetState> {
+        self.targets.read().ok().and_then(|t| t.get(id).cloned())
     }
 
     /// The ready target for a request's `model` (the default when absent).
@@ -194,6 +211,10 @@ impl AppState {
                 "the model `{id}` failed to load: {e}"
             ))),
             Some(TargetState::Ready(t)) => Ok((id.to_string(), t.clone())),
+            // The residency middleware loads a model before its requests
+            // reach a route; routes it does not cover (no `model` in a
+            // body) find it unloaded.
+            Some(TargetState::Unloaded) => Err(ApiError::not_loaded(id)),
             // Requests naming it are forwarded before any route sees them;
             // a route without a `model` in its body is not.
             Some(TargetState::Forwarded(_)) => Err(ApiError::bad_field(
@@ -205,7 +226,7 @@ impl AppState {
 
     /// What a request's `model` names (the default when absent) and the
     /// target id that is (aliases resolved).
-    fn named<'a>(&'a self, model: Option<&'a str>) -> (&'a str, &'a str) {
+    pub(crate) fn named<'a>(&'a self, model: Option<&'a str>) -> (&'a str, &'a str) {
         let requested = model.unwrap_or(self.default_model.as_str());
         let id = self
             .aliases
@@ -273,7 +294,10 @@ impl AppState {
         let mut loading = false;
         for (id, s) in list {
             match s {
-                TargetState::Loading => loading = true,
+                // A model loaded again after an unload (or on demand) does
+                // not take the server out of rotation.
+                TargetState::Loading => loading |= !self.residency.settled(&id),
+                TargetState::Unloaded => {}
                 TargetState::Failed(e) => return Health::Failed(format!("{id}: {e}")),
                 TargetState::Ready(Target::Local(e)) if !e.is_alive() => {
                     return Health::Failed(format!("{id}: the engine has stopped"))
@@ -288,8 +312,16 @@ impl AppState {
         }
     }
 
-    /// Loads every target on blocking threads, one after another; provider
-    /// targets are set up at once (nothing to load).
+    /// Starts the task that unloads models unused for
+    /// `server.idle_unload_secs` (nothing when it is not set); [`crate::bind`]
+    /// does.
+    pub fn spawn_idle_unloader(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.residency.spawn_idle_unloader(self)
+    }
+
+    /// Loads every startup target on blocking threads, one after another
+    /// (on-demand targets stay unloaded until needed); provider targets are
+    /// set up at once (nothing to load).
     pub fn spawn_loading(&self, models: Vec<ModelTarget>) -> tokio::task::JoinHandle<()> {
         self.spawn_loading_with(models, |m| {
             let path = sipp::models::resolve_or_fetch(&m.model).map_err(|e| e.to_string())?;
@@ -307,7 +339,7 @@ impl AppState {
         load: F,
     ) -> tokio::task::JoinHandle<()>
     where
-        F: Fn(&ModelTarget) -> Result<Engine, String> + Send + 'static,
+        F: Fn(&ModelTarget) -> Result<Engine, String> + Send + Sync + 'static,
     {
         let state = self.clone();
         let (remote, local): (Vec<_>, Vec<_>) =
@@ -359,18 +391,42 @@ impl AppState {
         for m in supervised {
             crate::child::spawn_supervisor(state.clone(), m, self.child_server.clone());
         }
-        tokio::task::spawn_blocking(move || {
-            for m in local {
-                match load(&m) {
-                    Ok(engine) => {
-                        tracing::info!(model = %m.id, "model loaded");
-                        state.set_target(&m.id, TargetState::Ready(Target::Local(engine)));
+        // Every in-process target can be loaded again later (on demand, or
+        // by an admin), so the residency keeps the loader.
+        let load: crate::residency::Loader = Arc::new(load);
+        self.residency.set_loader(load.clone());
+        let residency = self.residency.clone();
+        let (managed, other): (Vec<_>, Vec<_>) = local
+            .into_iter()
+            .filter(|m| m.load == crate::config::LoadWhen::Startup)
+            .partition(|m| residency.manages(&m.id));
+        tokio::spawn(async move {
+            // Targets the residency does not manage (an RPC-backed target in
+            // this supervised child) load here once.
+            if !other.is_empty() {
+                let st = state.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    for m in other {
+                        let result = load(&m);
+                        st.metrics.record_model_load(&m.id, result.is_ok());
+                        match result {
+                            Ok(engine) => {
+                                tracing::info!(model = %m.id, "model loaded");
+                                st.set_target(&m.id, TargetState::Ready(Target::Local(engine)));
+                            }
+                            Err(e) => {
+                                tracing::error!(model = %m.id, "model failed to load: {e}");
+                                st.set_target(&m.id, TargetState::Failed(e));
+                            }
+                        }
                     }
-                    Err(e) => {
-                        tracing::error!(model = %m.id, "model failed to load: {e}");
-                        state.set_target(&m.id, TargetState::Failed(e));
-                    }
-                }
+                })
+                .await;
+            }
+            // The rest in order, each taking its turn with on-demand loads
+            // (one at a time, within the cap).
+            for m in managed {
+                let _ = residency.bring_in(&state, &m.id).await;
             }
         })
     }

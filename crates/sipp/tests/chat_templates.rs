@@ -170,3 +170,15 @@ fn golden_file_is_what_transformers_renders_now() {
     let now: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(now, load("expected.json"));
 }
+
+/// The template sipp gives a Gemma 3 base GGUF (which ships none) is the
+/// fixture checked against transformers above.
+#[test]
+fn gemma3_family_template_is_the_checked_fixture() {
+    let fixture = std::fs::read_to_string(fixtures().join("gemma3.jinja")).expect("fixture");
+    assert_eq!(
+        sipp::chat::family_template("gemma3"),
+        Some(fixture.as_str())
+    );
+    assert_eq!(sipp::chat::family_template("llama"), None);
+}

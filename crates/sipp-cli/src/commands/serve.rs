@@ -50,6 +50,14 @@ pub struct ServeArgs {
     /// The shape of GET /get_load for routers: sglang (default) or vllm.
     #[arg(long = "load-format")]
     pub load_format: Option<sipp_server::config::LoadFormat>,
+    /// The most local models in memory at once (server.models_max); loading
+    /// another unloads the least recently used.
+    #[arg(long = "models-max", value_name = "N")]
+    pub models_max: Option<usize>,
+    /// Unload a local model unused for this many seconds
+    /// (server.idle_unload_secs); its next request loads it again.
+    #[arg(long = "idle-unload", value_name = "SECS")]
+    pub idle_unload: Option<u64>,
     /// llama.cpp RPC servers (`rpc-server`) to spread each model's layers
     /// over, as host:port[,host:port...]; such a target runs in a supervised
     /// child process.
@@ -92,6 +100,12 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
     if let Some(f) = args.load_format {
         cfg.server.load_format = f;
     }
+    if let Some(n) = args.models_max {
+        cfg.server.models_max = Some(n);
+    }
+    if let Some(s) = args.idle_unload {
+        cfg.server.idle_unload_secs = Some(s);
+    }
     if let Some(m) = &args.model {
         let runtime = cfg
             .models
@@ -109,6 +123,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
             aliases: stem.into_iter().collect(),
             provider: None,
             runtime,
+            load: Default::default(),
         }];
     }
     if cfg.models.is_empty() {
@@ -122,6 +137,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
                 .to_string()],
             provider: None,
             runtime: Default::default(),
+            load: Default::default(),
         });
     }
     for t in &mut cfg.models {

@@ -314,6 +314,9 @@ fn child_config(m: &ModelTarget, server: &ServerSection) -> Result<ChildConfig, 
             protect_health: false,
             public_metrics: false,
             cors_origins: Vec::new(),
+            // The child keeps its one model loaded.
+            models_max: None,
+            idle_unload_secs: None,
             ..server.clone()
         },
         // The aliases too: forwarded bodies name the model as the client did.
@@ -352,6 +355,7 @@ mod tests {
             default: false,
             aliases: vec!["big".into()],
             runtime,
+            load: Default::default(),
         }
     }
 

@@ -279,7 +279,9 @@ fn is_public_page(path: &str) -> bool {
 
 /// Routes only an admin key may use.
 fn is_admin_route(path: &str) -> bool {
-    path == "/v1/dashboard" || path.starts_with("/v1/dashboard/")
+    path == "/v1/dashboard"
+        || path.starts_with("/v1/dashboard/")
+        || crate::residency::middleware::is_model_admin_route(path)
 }
 
 /// Whether `path` is one of Anthropic's routes, answered in its shapes.

@@ -1,12 +1,12 @@
-//! Operations: /health, /metrics, /v1/models, /tokenize, /detokenize, and the
-//! answers for unknown routes and methods.
+//! Operations: /health, /metrics, /v1/models, /models/load, /models/unload,
+//! /tokenize, /detokenize, and the answers for unknown routes and methods.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use sipp::protocol::openai::{ModelCard, ModelList};
+use sipp::protocol::openai::ModelCard;
 
 use super::ApiJson;
 use crate::error::ApiError;
@@ -42,26 +42,125 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// GET /v1/models: the ready targets the caller's key may use.
-pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+/// A target's state in /v1/models and the admin routes (as llama-server's
+/// router mode shows it).
+#[derive(Debug, Serialize)]
+pub struct ModelStatus {
+    /// `loaded`, `loading`, `unloaded` or `failed`.
+    pub value: &'static str,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl ModelStatus {
+    fn of(s: &TargetState) -> Self {
+        let (value, message) = crate::residency::status_of(s);
+        Self { value, message }
+    }
+}
+
+/// One model in GET /v1/models: OpenAI's card and its status.
+#[derive(Debug, Serialize)]
+pub struct ModelEntry {
+    /// OpenAI's fields.
+    #[serde(flatten)]
+    pub card: ModelCard,
+    /// Loaded, loading, unloaded or failed.
+    pub status: ModelStatus,
+}
+
+/// GET /v1/models.
+#[derive(Debug, Serialize)]
+pub struct ModelEntries {
+    /// "list".
+    pub object: &'static str,
+    /// Models.
+    pub data: Vec<ModelEntry>,
+}
+
+/// GET /v1/models: every target the caller's key may use, with its status
+/// (a declared on-demand model is listed `unloaded`; requesting it loads
+/// it).
+pub async fn models(State(state): State<AppState>) -> Json<ModelEntries> {
     let data = state
         .target_list()
         .into_iter()
-        .filter(|(id, s)| {
-            matches!(s, TargetState::Ready(_) | TargetState::Forwarded(_))
-                && state.caller_may_use(id)
-        })
-        .map(|(id, _)| ModelCard {
-            id,
-            object: "model".into(),
-            created: state.created,
-            owned_by: "sipp".into(),
+        .filter(|(id, _)| state.caller_may_use(id))
+        .map(|(id, s)| ModelEntry {
+            card: ModelCard {
+                id,
+                object: "model".into(),
+                created: state.created,
+                owned_by: "sipp".into(),
+            },
+            status: ModelStatus::of(&s),
         })
         .collect();
-    Json(ModelList {
-        object: "list".into(),
+    Json(ModelEntries {
+        object: "list",
         data,
     })
+}
+
+/// POST /models/load and /models/unload body.
+#[derive(Debug, Deserialize)]
+pub struct ModelBody {
+    /// A target id or alias.
+    model: String,
+}
+
+/// The target a load or unload names (404 when none has the id or alias;
+/// 403 when the caller's key may not use it).
+fn admin_target(state: &AppState, model: &str) -> Result<String, ApiError> {
+    if model.trim().is_empty() {
+        return Err(ApiError::bad_field("model", "must not be empty"));
+    }
+    let (_, id) = state.named(Some(model));
+    if state.target_state(id).is_none() {
+        return Err(ApiError::unknown_model(model));
+    }
+    // The same refusal as a request for it.
+    if let Some(caller) = crate::policy::current() {
+        if !caller.may_use(id) {
+            return Err(crate::state::not_allowed(&caller, model));
+        }
+    }
+    Ok(id.to_string())
+}
+
+fn admin_answer(state: &AppState, id: String) -> Json<serde_json::Value> {
+    let status = ModelStatus::of(&state.target_state(&id).unwrap_or(TargetState::Unloaded));
+    Json(serde_json::json!({"success": true, "model": id, "status": status}))
+}
+
+/// POST /models/load (admin): brings a model into memory (unloading the
+/// least recently used one when at `server.models_max`) and answers once it
+/// is loaded: `{"success": true, "model", "status": {"value": "loaded"}}`.
+pub async fn load_model(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ModelBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = admin_target(&state, &req.model)?;
+    let residency = state.residency.clone();
+    residency.bring_in(&state, &id).await?;
+    Ok(admin_answer(&state, id))
+}
+
+/// POST /models/unload (admin): takes a model out of memory once its
+/// requests in flight finish; its next request loads it again. Answers
+/// `{"success": true, "model", "status": {"value": "unloaded"}}` (also when
+/// it was not loaded).
+pub async fn unload_model(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ModelBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = admin_target(&state, &req.model)?;
+    let residency = state.residency.clone();
+    residency
+        .unload(&state, &id, crate::residency::UnloadReason::Admin)
+        .await?;
+    Ok(admin_answer(&state, id))
 }
 
 /// POST /tokenize body: llama-server's `{content}` or vLLM's

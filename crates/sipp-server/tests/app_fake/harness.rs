@@ -91,6 +91,7 @@ pub fn target(id: &str, aliases: &[&str]) -> ModelTarget {
         default: false,
         aliases: aliases.iter().map(|a| (*a).to_string()).collect(),
         runtime: NativeRuntimeConfig::default(),
+        load: Default::default(),
     }
 }
 
@@ -202,6 +203,11 @@ impl App {
         self.state.spawn_sampler()
     }
 
+    /// Starts the state's idle unloader (as `sipp serve` does).
+    pub fn spawn_idle_unloader(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.state.spawn_idle_unloader()
+    }
+
     /// GETs a path and returns the answer unread (for streams).
     pub async fn stream_get(
         &self,
@@ -216,6 +222,22 @@ impl App {
         self.router
             .clone()
             .oneshot(b.body(Body::empty()).expect("request"))
+            .await
+            .expect("the router is infallible")
+    }
+
+    /// POSTs JSON and returns the answer unread (for streams).
+    pub async fn stream_post(&self, path: &str, body: Value) -> axum::http::Response<Body> {
+        use tower::ServiceExt;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .expect("request");
+        self.router
+            .clone()
+            .oneshot(req)
             .await
             .expect("the router is infallible")
     }

@@ -77,7 +77,18 @@ async fn health_is_503_while_loading_then_200_when_ready() {
         .await;
     let m = assert_error(&r, 503, "server_error", Some("model_loading"), None);
     assert!(m.contains("first"), "{m}");
-    assert_eq!(app.get("/v1/models").await.json()["data"], json!([]));
+    let listed: Vec<(String, String)> = app.get("/v1/models").await.json()["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|m| (m["id"].to_string(), m["status"]["value"].to_string()))
+        .collect();
+    assert_eq!(
+        listed,
+        [("first", "loading"), ("second", "loading")]
+            .map(|(i, s)| (format!("{i:?}"), format!("{s:?}")))
+            .to_vec()
+    );
     // One of two ready: still loading overall, and the ready one serves.
     gates[0].send("ok".into()).expect("gate");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -11,5 +11,6 @@ mod harness;
 mod lifecycle;
 mod openai;
 mod policy;
+mod residency;
 mod responses;
 mod stream;

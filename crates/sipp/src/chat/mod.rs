@@ -264,6 +264,17 @@ pub fn message_value(m: &ChatMessage, index: usize) -> Result<serde_json::Value,
     Ok(serde_json::Value::Object(o))
 }
 
+/// The chat template of a model family whose base GGUFs ship without one
+/// (Gemma 3's base models have the turn tokens but no template): the
+/// instruction-tuned model's own template, so chat works as llama.cpp's
+/// built-in `gemma` template does.
+pub fn family_template(architecture: &str) -> Option<&'static str> {
+    match architecture {
+        "gemma3" => Some(include_str!("templates/gemma3.jinja")),
+        _ => None,
+    }
+}
+
 /// Rendering limit: a hostile template cannot loop forever.
 const TEMPLATE_FUEL: u64 = 2_000_000;
 

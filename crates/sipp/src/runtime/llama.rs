@@ -126,6 +126,18 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
             _ => None,
         });
     let quantization = header.quantization();
+    let chat_template = header
+        .metadata
+        .get("tokenizer.chat_template")
+        .and_then(MetaValue::as_str)
+        .or_else(|| crate::chat::family_template(&architecture))
+        .map(str::to_string);
+    let sliding_window = header
+        .metadata
+        .get(&format!("{architecture}.attention.sliding_window"))
+        .and_then(MetaValue::as_u64)
+        .and_then(|w| u32::try_from(w).ok())
+        .filter(|&w| w > 0);
     let n_params = model.n_params();
     let name = header
         .metadata
@@ -154,11 +166,8 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
         has_decoder: !encoder_only,
         has_encoder: encoder_only,
         pooling,
-        chat_template: header
-            .metadata
-            .get("tokenizer.chat_template")
-            .and_then(MetaValue::as_str)
-            .map(str::to_string),
+        chat_template,
+        sliding_window,
         fingerprint: header.fingerprint.clone(),
     }
 }

@@ -91,8 +91,14 @@ pub struct ModelInfo {
     pub has_encoder: bool,
     /// Pooling declared in the GGUF metadata.
     pub pooling: Option<Pooling>,
-    /// `tokenizer.chat_template`, when present.
+    /// `tokenizer.chat_template`, when present (or the family's template for
+    /// base models that ship without one: see [`crate::chat::family_template`]).
     pub chat_template: Option<String>,
+    /// The window of sliding-window attention layers
+    /// (`{architecture}.attention.sliding_window`), when the model has them:
+    /// llama.cpp may drop those layers' KV of positions the window no longer
+    /// sees, which limits prefix reuse (see `session::mirror`).
+    pub sliding_window: Option<u32>,
     /// A stable identity of the weights (file size and a hash of the header),
     /// used to refuse KV snapshots from another model.
     pub fingerprint: String,

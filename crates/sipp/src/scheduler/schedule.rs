@@ -282,6 +282,13 @@ impl Scheduler {
                 .map(|t| (t.lease.seq_id, t.prefill_cursor));
             let shared = match src {
                 None => None,
+                // On a sliding-window model the source may have outgrown the
+                // window past the prefix: the slot computes it itself.
+                Some((src, cursor))
+                    if cursor >= pw.len && d.kv.usable_prefix(src, pw.len) < pw.len =>
+                {
+                    None
+                }
                 Some((src, cursor)) if cursor >= pw.len => {
                     d.op(KvOp::Share {
                         src,
@@ -315,8 +322,8 @@ impl Scheduler {
             let mut cursor = 0;
             if s.cache_prompt {
                 let context = &s.tokens.context;
-                if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq)) {
-                    let n = n.min(context.len().saturating_sub(1));
+                let cap = context.len().saturating_sub(1);
+                if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq), cap) {
                     if n >= self.min_prefix {
                         d.op(KvOp::Share {
                             src,

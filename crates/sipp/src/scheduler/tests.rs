@@ -47,7 +47,7 @@ fn harness(slots: usize, n_seq: u32, n_ctx: u32, budget: usize, mode: CacheMode)
             },
             vocab,
         ),
-        kv: KvSessions::new(n_seq, n_ctx, &cache, "test"),
+        kv: KvSessions::new(n_seq, n_ctx, &cache, "test", None),
         rx: HashMap::new(),
         next_id: 1,
     }

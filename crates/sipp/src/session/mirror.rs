@@ -76,6 +76,9 @@ pub(crate) struct SequenceEntry {
     pub(crate) leased: bool,
     pub(crate) last_used: u64,
     pub(crate) context_key: Option<String>,
+    /// Sliding-window models: positions below this one may be missing from
+    /// the window layers' cells (see [`KvMirror::usable_prefix`]).
+    pub(crate) swa_floor: usize,
 }
 
 impl SequenceEntry {
@@ -108,6 +111,8 @@ pub struct KvMirror {
     next_cell: CellId,
     cell_refs: HashMap<CellId, u32>,
     tick: u64,
+    /// The model's attention window, when it has sliding-window layers.
+    swa_window: Option<usize>,
 }
 
 pub(crate) fn common_prefix(a: &[(Token, CellId)], b: &[Token]) -> usize {
@@ -123,6 +128,42 @@ impl KvMirror {
             next_cell: 0,
             cell_refs: HashMap::new(),
             tick: 0,
+            swa_window: None,
+        }
+    }
+
+    /// The same, for a model with sliding-window attention layers of window
+    /// `window` (none: every layer keeps every position).
+    pub fn with_swa_window(mut self, window: Option<usize>) -> Self {
+        self.swa_window = window.filter(|&w| w > 0);
+        self
+    }
+
+    /// How much of a `n`-token prefix of `seq` can be continued from: `n`,
+    /// or 0 when the window layers may have lost a position that a token at
+    /// position `n` attends to.
+    ///
+    /// llama.cpp lets any new token take a cell whose position is outside
+    /// its sequence's window (masked), so once a sequence has held `len`
+    /// tokens, its window-layer cells below `len - window + 1` may be gone.
+    /// A token at position `n` sees positions `n - window + 1 ..= n`, so a
+    /// prefix is usable when none of those is below the floor: in practice
+    /// a continuation of everything the sequence ever held, or any prefix
+    /// of a sequence that never outgrew the window. Models without
+    /// sliding-window layers reuse every prefix.
+    pub fn usable_prefix(&self, seq: SeqId, n: usize) -> usize {
+        let floor = self.seqs[seq as usize].swa_floor;
+        match self.swa_window {
+            Some(w) if floor > 0 && n + 1 < floor + w => 0,
+            _ => n,
+        }
+    }
+
+    /// Raises a sequence's floor to what its current length implies.
+    fn raise_floor(&mut self, seq: SeqId) {
+        if let Some(w) = self.swa_window {
+            let e = &mut self.seqs[seq as usize];
+            e.swa_floor = e.swa_floor.max((e.resident.len() + 1).saturating_sub(w));
         }
     }
 
@@ -187,18 +228,22 @@ impl KvMirror {
         }
     }
 
-    /// The longest prefix of `prompt` resident in any sequence other than
-    /// `except`: (sequence, length).
+    /// The longest usable prefix of `prompt`, at most `cap` tokens, resident
+    /// in any sequence other than `except`: (sequence, length).
     pub fn longest_resident_prefix(
         &self,
         prompt: &[Token],
         except: Option<SeqId>,
+        cap: usize,
     ) -> Option<(SeqId, usize)> {
         self.seqs
             .iter()
             .enumerate()
             .filter(|(i, _)| Some(*i as SeqId) != except)
-            .map(|(i, s)| (i as SeqId, common_prefix(&s.resident, prompt)))
+            .map(|(i, s)| {
+                let n = common_prefix(&s.resident, prompt).min(cap);
+                (i as SeqId, self.usable_prefix(i as SeqId, n))
+            })
             .filter(|&(_, n)| n > 0)
             .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
     }
@@ -231,6 +276,9 @@ impl KvMirror {
     }
 
     fn drop_cells(&mut self, seq: SeqId, from: usize) {
+        if from == 0 {
+            self.seqs[seq as usize].swa_floor = 0;
+        }
         let len = self.seqs[seq as usize].resident.len();
         let tail: Vec<CellId> = self.seqs[seq as usize]
             .resident
@@ -278,6 +326,7 @@ impl KvMirror {
     pub fn record(&mut self, seq: SeqId, tokens: &[Token]) {
         let cells = self.alloc_cells(tokens);
         self.seqs[seq as usize].resident.extend(cells);
+        self.raise_floor(seq);
         self.touch(seq);
     }
 
@@ -305,12 +354,17 @@ impl KvMirror {
                 for (_, c) in &prefix {
                     *self.cell_refs.entry(*c).or_insert(0) += 1;
                 }
+                // The shared cells lack what the source's lacked.
+                let floor = self.seqs[*src as usize].swa_floor.min(*len);
                 self.seqs[*dst as usize].resident = prefix;
+                self.seqs[*dst as usize].swa_floor = floor;
+                self.raise_floor(*dst);
             }
             KvOp::Restore { seq, prefix } => {
                 debug_assert!(self.seqs[*seq as usize].resident.is_empty());
                 let cells = self.alloc_cells(prefix);
                 self.seqs[*seq as usize].resident = cells;
+                self.raise_floor(*seq);
             }
             KvOp::Release { lease, keep } => {
                 if !keep {
@@ -351,6 +405,59 @@ mod tests {
             snapshot: false,
         });
         assert_eq!(m.cells_used(), 0);
+    }
+
+    #[test]
+    fn sliding_window_sequences_offer_only_prefixes_the_window_kept() {
+        let lease = |m: &mut KvMirror, seq| {
+            m.apply(&KvOp::Lease {
+                seq,
+                context_key: None,
+            })
+        };
+        let mut m = KvMirror::new(3, 100).with_swa_window(Some(4));
+        lease(&mut m, 0);
+        // Shorter than the window: every prefix is whole.
+        m.record(0, &[1, 2, 3]);
+        assert_eq!(m.usable_prefix(0, 2), 2);
+        m.apply(&KvOp::Truncate { seq: 0, from: 1 });
+        m.record(0, &[2, 3, 4, 5, 6, 7, 8, 9]);
+        // Grown past it: only a continuation of everything it held.
+        assert_eq!(m.resident_len(0), 9);
+        assert_eq!(m.usable_prefix(0, 9), 9);
+        assert_eq!(m.usable_prefix(0, 8), 0);
+        assert_eq!(m.usable_prefix(0, 2), 0);
+        assert_eq!(
+            m.longest_resident_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], None, 9),
+            Some((0, 9))
+        );
+        assert_eq!(
+            m.longest_resident_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9], None, 8),
+            None
+        );
+        // A truncated sequence keeps its floor: its cut prefix stays unusable.
+        m.apply(&KvOp::Truncate { seq: 0, from: 5 });
+        assert_eq!(m.usable_prefix(0, 5), 0);
+        // Shared cells carry the source's floor; a whole share continues.
+        m.record(0, &[6, 7, 8, 9]);
+        m.apply(&KvOp::Share {
+            src: 0,
+            dst: 1,
+            len: 9,
+        });
+        assert_eq!(m.usable_prefix(1, 9), 9);
+        // Emptied, a sequence starts clean.
+        m.apply(&KvOp::Evict {
+            seq: 0,
+            snapshot: false,
+        });
+        m.record(0, &[1, 2]);
+        assert_eq!(m.usable_prefix(0, 1), 1);
+        // Without a window every prefix is usable.
+        let mut plain = KvMirror::new(1, 100);
+        lease(&mut plain, 0);
+        plain.record(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(plain.usable_prefix(0, 2), 2);
     }
 
     #[test]

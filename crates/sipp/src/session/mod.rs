@@ -60,16 +60,25 @@ pub struct KvSessions {
 }
 
 impl KvSessions {
-    /// Bookkeeping for `n_seq` sequences on a KV cache of `n_ctx` cells.
-    pub fn new(n_seq: u32, n_ctx: u32, cache: &CacheConfig, model_fingerprint: &str) -> Self {
+    /// Bookkeeping for `n_seq` sequences on a KV cache of `n_ctx` cells, for
+    /// a model whose sliding-window layers (if any) have window `swa_window`.
+    /// Such a model takes no snapshots: llama.cpp saves only the positions
+    /// its window still sees.
+    pub fn new(
+        n_seq: u32,
+        n_ctx: u32,
+        cache: &CacheConfig,
+        model_fingerprint: &str,
+        swa_window: Option<u32>,
+    ) -> Self {
         let mut stats = CacheStats::default();
         let snapshots = SnapshotStore::new(cache, model_fingerprint, &mut stats);
         Self {
-            mirror: KvMirror::new(n_seq, n_ctx),
+            mirror: KvMirror::new(n_seq, n_ctx).with_swa_window(swa_window.map(|w| w as usize)),
             policy: ReusePolicy {
                 mode: cache.mode,
                 min_prefix: cache.min_prefix_tokens.max(1) as usize,
-                snapshots: snapshots.enabled(),
+                snapshots: snapshots.enabled() && swa_window.is_none(),
             },
             snapshots,
             stats,

@@ -218,17 +218,17 @@ fn choose(
         .map(|&s| {
             let e = &kv.seqs[s as usize];
             let keyed = ask.context_key.is_some() && e.context_key.as_deref() == ask.context_key;
-            (s, common_prefix(&e.resident, prompt).min(cap), keyed)
+            let n = common_prefix(&e.resident, prompt).min(cap);
+            (s, kv.usable_prefix(s, n), keyed)
         })
         .max_by_key(|&(s, n, keyed)| (n, keyed, std::cmp::Reverse(s)))
         .map(|(s, n, _)| (s, n))
         .unwrap_or((unleased[0], 0));
     let shared_mode = mode == CacheMode::SharedPrefix;
     let other = kv
-        .longest_resident_prefix(prompt, None)
-        .map(|(s, n)| (s, n.min(cap)))
+        .longest_resident_prefix(prompt, None, cap)
         .filter(|&(s, n)| shared_mode && n >= policy.min_prefix && n > idle_n && s != idle_seq);
-    let snap = shared_mode
+    let snap = (shared_mode && policy.snapshots)
         .then(|| snapshots.best_match(prompt))
         .flatten()
         .map(|(_, n)| n.min(cap))
