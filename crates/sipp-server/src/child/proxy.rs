@@ -55,8 +55,9 @@ pub async fn forward(State(state): State<AppState>, req: Request, next: Next) ->
     let path = req.uri().path().to_string();
     let (parts, body) = req.into_parts();
     let limit = state.max_body_bytes;
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return refuse(&path, ApiError::too_large(limit));
+    let bytes = match crate::routes::read_body(body, limit).await {
+        Ok(b) => b,
+        Err(e) => return refuse(&path, e),
     };
     let model = serde_json::from_slice::<ModelField>(&bytes)
         .ok()

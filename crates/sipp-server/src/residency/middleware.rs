@@ -15,7 +15,6 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt;
 
-use crate::error::ApiError;
 use crate::policy::refuse;
 use crate::state::AppState;
 
@@ -41,8 +40,9 @@ pub async fn ensure_loaded(State(state): State<AppState>, req: Request, next: Ne
     }
     let (parts, body) = req.into_parts();
     let limit = state.max_body_bytes;
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return refuse(&path, ApiError::too_large(limit));
+    let bytes = match crate::routes::read_body(body, limit).await {
+        Ok(b) => b,
+        Err(e) => return refuse(&path, e),
     };
     let named = match serde_json::from_slice::<ModelField>(&bytes) {
         Ok(ModelField { model: None }) => None,

@@ -25,6 +25,41 @@ use sipp::engine::{Completion, RequestEvent, RequestHandle, TextDelta};
 use crate::error::ApiError;
 use crate::state::AppState;
 
+/// How much of a body over the limit is read and discarded before the 413 is
+/// sent. A server that answers while the client is still sending, then closes,
+/// makes the client's kernel reset the connection, and the client sees "error
+/// sending request" instead of the 413 (a CI run caught it with a 10 MB
+/// prompt); reading the rest first lets the answer arrive. Larger bodies are
+/// cut off at this point.
+const DRAIN_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Reads a request body of at most `limit` bytes; a longer one is a 413,
+/// answered after reading the body (up to [`DRAIN_MAX_BYTES`]).
+pub(crate) async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        // A body that breaks off is answered as too large only when it was.
+        let Ok(data) = chunk else {
+            break;
+        };
+        seen += data.len();
+        if seen <= limit {
+            buf.extend_from_slice(&data);
+        } else if seen > DRAIN_MAX_BYTES {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(buf.into())
+}
+
 /// A JSON body, read with the server's size limit; every failure is an
 /// OpenAI-shaped error (413 for size, 400 otherwise).
 pub struct ApiJson<T>(pub T);
@@ -33,10 +68,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let limit = state.max_body_bytes;
-        let bytes = axum::body::to_bytes(req.into_body(), limit)
-            .await
-            .map_err(|_| ApiError::too_large(limit))?;
+        let bytes = read_body(req.into_body(), state.max_body_bytes).await?;
         if bytes.is_empty() {
             return Err(ApiError::bad_request(
                 "the request body is empty; send a JSON object",
