@@ -312,6 +312,28 @@ impl AppState {
         }
     }
 
+    /// A load's outcome: the target becomes ready (or failed, with the
+    /// reason), and the load is counted and logged.
+    pub(crate) fn finish_load(
+        &self,
+        id: &str,
+        result: Result<Engine, String>,
+    ) -> Result<(), String> {
+        self.metrics.record_model_load(id, result.is_ok());
+        match result {
+            Ok(engine) => {
+                tracing::info!(model = %id, "model loaded");
+                self.set_target(id, TargetState::Ready(Target::Local(engine)));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(model = %id, "model failed to load: {e}");
+                self.set_target(id, TargetState::Failed(e.clone()));
+                Err(e)
+            }
+        }
+    }
+
     /// Starts the task that unloads models unused for
     /// `server.idle_unload_secs` (nothing when it is not set); [`crate::bind`]
     /// does.
@@ -407,18 +429,7 @@ impl AppState {
                 let st = state.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     for m in other {
-                        let result = load(&m);
-                        st.metrics.record_model_load(&m.id, result.is_ok());
-                        match result {
-                            Ok(engine) => {
-                                tracing::info!(model = %m.id, "model loaded");
-                                st.set_target(&m.id, TargetState::Ready(Target::Local(engine)));
-                            }
-                            Err(e) => {
-                                tracing::error!(model = %m.id, "model failed to load: {e}");
-                                st.set_target(&m.id, TargetState::Failed(e));
-                            }
-                        }
+                        let _ = st.finish_load(&m.id, load(&m));
                     }
                 })
                 .await;

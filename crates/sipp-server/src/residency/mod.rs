@@ -264,9 +264,9 @@ impl Residency {
         }
     }
 
-    /// Records a finished load of `id` (in its metrics, and as used now).
-    pub(crate) fn loaded(&self, state: &AppState, id: &str, result: Result<(), &str>) {
-        state.metrics.record_model_load(id, result.is_ok());
+    /// Marks `id`'s load as finished (its first load no longer counts
+    /// against /health) and as used now.
+    fn settle(&self, id: &str) {
         if let Some(m) = self.managed.get(id) {
             m.settled.store(true, Ordering::Relaxed);
             m.touch();
@@ -428,23 +428,13 @@ impl Residency {
         let result = tokio::task::spawn_blocking(move || loader(&target))
             .await
             .unwrap_or_else(|e| Err(format!("the loading thread failed: {e}")));
-        match result {
-            Ok(engine) => {
-                tracing::info!(model = %id, secs = started.elapsed().as_secs_f64(), "model loaded");
-                state.set_target(id, TargetState::Ready(Target::Local(engine)));
-                self.loaded(state, id, Ok(()));
-                Ok(())
-            }
-            Err(message) => {
-                tracing::error!(model = %id, "model failed to load: {message}");
-                state.set_target(id, TargetState::Failed(message.clone()));
-                self.loaded(state, id, Err(&message));
-                Err(ResidencyError::LoadFailed {
-                    id: id.to_string(),
-                    message,
-                })
-            }
-        }
+        let outcome = state.finish_load(id, result);
+        tracing::info!(model = %id, secs = started.elapsed().as_secs_f64(), "load finished");
+        self.settle(id);
+        outcome.map_err(|message| ResidencyError::LoadFailed {
+            id: id.to_string(),
+            message,
+        })
     }
 
     /// Unloads `id` with the switch held, once its leases are released:

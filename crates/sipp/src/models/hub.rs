@@ -16,8 +16,7 @@
 //! host it redirects to), `HF_HUB_OFFLINE` (the store only, no request) and
 //! `HF_HUB_CACHE` / `HF_HOME`.
 
-use sha2::{Digest, Sha256};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -975,22 +974,15 @@ pub fn remove(settings: &HubSettings, r: &HubRef) -> Result<Vec<PathBuf>, ModelE
     Ok(removed)
 }
 
-/// Reads a whole small file (for tests and checks).
-#[doc(hidden)]
-pub fn read_all(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut v = Vec::new();
-    std::fs::File::open(path)?.read_to_end(&mut v)?;
-    Ok(v)
-}
-
-/// sha256 of bytes, hex (the ETag the hub publishes for an LFS file).
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
+
+    /// sha256 of bytes, hex (the ETag the hub publishes for an LFS file).
+    fn sha256_hex(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -1121,7 +1113,7 @@ mod tests {
         }
         let r = parse_ref("o/r:Q8_0").expect("ref");
         let got = from_store(&settings, &r).expect("in store");
-        assert_eq!(read_all(&got.model).expect("read"), b"eight");
+        assert_eq!(std::fs::read(&got.model).expect("read"), b"eight");
         assert_eq!(got.commit, commit);
         // Offline, something missing is an error that says so.
         let missing = parse_ref("o/r:Q2_K").expect("ref");
