@@ -17,11 +17,16 @@ sipp_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
 # Debian packages: cmake and libclang-dev build llama.cpp through llama-cpp-sys-2;
 # chromium and its driver run the web pages' browser tests.
 ensure_system_packages() {
+  command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
+  ensure_apt_packages cmake libclang-dev chromium chromium-driver
+}
+
+# ensure_apt_packages PKG...: installs the Debian packages not yet installed.
+ensure_apt_packages() {
   local missing=()
-  for pkg in cmake libclang-dev chromium chromium-driver; do
+  for pkg in "$@"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
-  command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]}" >&2
     local sudo=""

@@ -69,6 +69,13 @@ def gelu(x):
 
 
 def embed(ids, W, cfg):
+    m = hidden(ids, W, cfg).mean(0)
+    return m / np.linalg.norm(m)
+
+
+def hidden(ids, W, cfg, act=gelu):
+    """The encoder's last hidden states, one row per token (token type 0
+    throughout, as llama.cpp's BERT graph computes)."""
     n = len(ids)
     eps = cfg["layer_norm_eps"]
     h = W["embeddings.word_embeddings.weight"][ids] + W["embeddings.position_embeddings.weight"][:n] + W["embeddings.token_type_embeddings.weight"][0]
@@ -86,10 +93,9 @@ def embed(ids, W, cfg):
         s /= s.sum(-1, keepdims=True)
         a = (s @ v).transpose(1, 0, 2).reshape(n, heads * d)
         h = layer_norm(h + lin(a, "attention.output.dense"), W[p + "attention.output.LayerNorm.weight"], W[p + "attention.output.LayerNorm.bias"], eps)
-        f = lin(gelu(lin(h, "intermediate.dense")), "output.dense")
+        f = lin(act(lin(h, "intermediate.dense")), "output.dense")
         h = layer_norm(h + f, W[p + "output.LayerNorm.weight"], W[p + "output.LayerNorm.bias"], eps)
-    m = h.mean(0)
-    return m / np.linalg.norm(m)
+    return h
 
 
 def main():

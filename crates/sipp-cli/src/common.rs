@@ -49,7 +49,8 @@ impl From<ModelError> for CliError {
 impl From<StartError> for CliError {
     fn from(e: StartError) -> Self {
         match &e {
-            StartError::Config(_) | StartError::Runtime(RuntimeError::InvalidModel(_)) => {
+            StartError::Config(_)
+            | StartError::Runtime(RuntimeError::InvalidModel(_) | RuntimeError::Placement(_)) => {
                 CliError::usage(e.to_string())
             }
             StartError::Runtime(_) => CliError::runtime(e.to_string()),
@@ -108,6 +109,95 @@ pub struct ModelArgs {
     /// over, as host:port[,host:port...].
     #[arg(long, value_delimiter = ',')]
     pub rpc: Vec<String>,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
+}
+
+/// Where the layers go (llama-server's flags); each overrides the config's
+/// `placement` (and `context.flash_attention`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct PlacementArgs {
+    /// Layers on GPU devices: auto (all that fit when a GPU exists), all, or
+    /// a count.
+    #[arg(long = "gpu-layers", visible_alias = "n-gpu-layers", value_name = "N|all|auto",
+          allow_negative_numbers = true, value_parser = parse_gpu_layers)]
+    pub gpu_layers: Option<sipp::config::GpuLayers>,
+    /// The GPU (index among GPU devices) for the whole model with
+    /// `--split-mode none`, and for intermediate results.
+    #[arg(long = "main-gpu", value_name = "INDEX", allow_negative_numbers = true,
+          value_parser = parse_main_gpu)]
+    pub main_gpu: Option<u32>,
+    /// How layers spread over several GPUs: none, layer or row.
+    #[arg(long = "split-mode", value_name = "none|layer|row")]
+    pub split_mode: Option<sipp::config::SplitMode>,
+    /// Each GPU's share of the layers, e.g. 3,1.
+    #[arg(long = "tensor-split", value_name = "A,B,...", allow_hyphen_values = true,
+          value_parser = parse_tensor_split)]
+    pub tensor_split: Option<TensorSplit>,
+    /// Keep the KV cache on the CPU even when layers are on a GPU.
+    #[arg(long = "no-kv-offload")]
+    pub no_kv_offload: bool,
+    /// Flash attention: on, off or auto.
+    #[arg(long = "flash-attn", value_name = "on|off|auto", value_parser = ["on", "off", "auto"])]
+    pub flash_attn: Option<String>,
+    /// llama.cpp's memory fitting before a load (on by default).
+    #[arg(long = "fit", value_name = "on|off", value_parser = ["on", "off"])]
+    pub fit: Option<String>,
+}
+
+/// A parsed `--tensor-split` (a newtype so clap does not read it as a list).
+#[derive(Debug, Clone)]
+pub struct TensorSplit(pub Vec<f32>);
+
+fn parse_gpu_layers(s: &str) -> Result<sipp::config::GpuLayers, String> {
+    s.parse()
+}
+
+fn parse_main_gpu(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| format!("a GPU index is 0 or more, got `{s}`"))
+}
+
+fn parse_tensor_split(s: &str) -> Result<TensorSplit, String> {
+    let mut p = sipp::config::PlacementConfig::default();
+    p.tensor_split = sipp::config::PlacementConfig::parse_tensor_split(s)?;
+    p.validate().map_err(|e| e.to_string())?;
+    Ok(TensorSplit(p.tensor_split))
+}
+
+impl PlacementArgs {
+    /// Writes the flags given into a runtime config.
+    pub fn apply(&self, cfg: &mut NativeRuntimeConfig) {
+        let p = &mut cfg.placement;
+        if let Some(n) = self.gpu_layers {
+            p.gpu_layers = n;
+        }
+        if let Some(g) = self.main_gpu {
+            p.main_gpu = g;
+        }
+        if let Some(m) = self.split_mode {
+            p.split_mode = m;
+        }
+        if let Some(t) = &self.tensor_split {
+            p.tensor_split = t.0.clone();
+        }
+        if self.no_kv_offload {
+            p.kv_offload = false;
+        }
+        if let Some(f) = &self.fit {
+            p.fit = f == "on";
+        }
+        if let Some(fa) = &self.flash_attn {
+            cfg.context.flash_attention = match fa.as_str() {
+                "on" => sipp::config::FlashAttention::On,
+                "off" => sipp::config::FlashAttention::Off,
+                _ => sipp::config::FlashAttention::Auto,
+            };
+        }
+    }
 }
 
 impl ModelArgs {
@@ -153,6 +243,7 @@ impl ModelArgs {
         if let Some(n) = self.draft_max {
             cfg.speculative.n_max = n;
         }
+        self.placement.apply(&mut cfg);
         Ok(cfg)
     }
 }

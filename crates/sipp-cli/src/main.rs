@@ -43,6 +43,29 @@ enum Cmd {
     Bench(commands::bench::BenchArgs),
 }
 
+/// `sipp --version`: the version, the llama.cpp backends built in, and the
+/// devices ggml sees here.
+fn print_version() {
+    use sipp::runtime::placement::{compiled_backends, devices};
+    use std::io::Write;
+    let mut text = format!(
+        "sipp {}\nbackends: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        compiled_backends().join(", ")
+    );
+    for d in devices() {
+        text += &format!(
+            "device: {} [{}, {:?}] {} MiB\n",
+            d.label(),
+            d.backend,
+            d.kind,
+            d.memory_total >> 20
+        );
+    }
+    // A reader that stops early (`| head`) is not an error.
+    let _ = std::io::stdout().write_all(text.as_bytes());
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -51,6 +74,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if matches!(std::env::args().nth(1).as_deref(), Some("--version" | "-V")) {
+        print_version();
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     let result: Result<(), CliError> = match cli.command {
         Cmd::Run(a) => commands::run::run(a),

@@ -150,6 +150,67 @@ fn bad_rpc_endpoints_are_clear_errors() {
     );
 }
 
+/// Bad placement is refused before llama.cpp could abort on it: exit 2 and
+/// one line naming the setting, from `run` and from `serve` (before it
+/// binds its port), by flag and by config file.
+#[test]
+fn bad_placement_is_a_clear_error() {
+    default_model();
+    assert_bad_input(
+        &["run", "--gpu-layers", "-1", "hi"],
+        "layer count is 0 or more",
+    );
+    assert_bad_input(&["run", "--gpu-layers", "many", "hi"], "--gpu-layers");
+    assert_bad_input(&["run", "--tensor-split", "3,-1", "hi"], "0 or more");
+    assert_bad_input(&["run", "--tensor-split", "0,0", "hi"], "at least one part");
+    assert_bad_input(&["run", "--main-gpu", "-2", "hi"], "GPU index is 0 or more");
+    assert_bad_input(
+        &["run", "--split-mode", "diagonal", "hi"],
+        "none, layer or row",
+    );
+    // A GPU beyond the devices there are (a CPU build has none; a GPU build
+    // has fewer than 64).
+    assert_bad_input(
+        &["run", "--main-gpu", "64", "hi"],
+        "main_gpu 64 does not exist",
+    );
+    assert_bad_input(
+        &["run", "--tensor-split", &vec!["1"; 16].join(","), "hi"],
+        "tensor_split names 16 GPUs",
+    );
+    // KV cache for 50M tokens (terabytes): llama.cpp's fitting says no.
+    assert_bad_input(&["run", "--ctx-size", "50000000", "hi"], "does not fit");
+    assert_bad_input(
+        &["serve", "--ctx-size", "50000000", "--port", "0"],
+        "model `default`: bad placement",
+    );
+    let cfg = tmp("negative-layers.toml");
+    std::fs::write(
+        &cfg,
+        "[[models]]\nid = \"m\"\nmodel = \"default\"\n[models.runtime.placement]\ngpu_layers = -2\n",
+    )
+    .expect("write");
+    let o = sipp(&[
+        "serve",
+        "--config",
+        cfg.to_str().expect("utf8"),
+        "--port",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("line 5") && err.contains("gpu_layers: a layer count is 0 or more, got -2"),
+        "{err}"
+    );
+    let runtime = tmp("zero-split.toml");
+    std::fs::write(&runtime, "[placement]\ntensor_split = [0, 0]\n").expect("write");
+    assert_bad_input(
+        &["run", "--config", runtime.to_str().expect("utf8"), "hi"],
+        "placement.tensor_split",
+    );
+}
+
 #[test]
 fn inspect_describes_the_model() {
     default_model();
@@ -161,6 +222,19 @@ fn inspect_describes_the_model() {
     assert_eq!(v["vocab_size"], 49152);
     assert_eq!(v["context_length"], 8192);
     assert_eq!(v["chat_template"], true);
+    // Where the layers are: all on the CPU in the default build.
+    let layers = v["placement"]["total_layers"]
+        .as_u64()
+        .expect("total_layers");
+    assert_eq!(layers, v["layers"].as_u64().unwrap_or(30) + 1, "{v}");
+    if cfg!(not(any(
+        feature = "cuda",
+        feature = "vulkan",
+        feature = "metal"
+    ))) {
+        assert_eq!(v["placement"]["backend"], "CPU", "{v}");
+        assert_eq!(v["placement"]["offloaded_layers"], 0, "{v}");
+    }
     assert!(v["parameters"].as_u64().expect("number") > 100_000_000);
     assert!(v["special_tokens"]
         .as_array()

@@ -213,6 +213,28 @@ fn completions_chat_embeddings_models_and_native_profile() {
         .map(|m| m["id"].as_str().expect("id"))
         .collect();
     assert_eq!(ids, vec!["minilm", "smol"]);
+    // Where each model runs: every layer on the CPU in the default build.
+    for m in v["data"].as_array().expect("data") {
+        let meta = &m["meta"];
+        assert!(meta["n_params"].as_u64().expect("n_params") > 0, "{m}");
+        assert_eq!(
+            meta["total_layers"].as_u64(),
+            Some(if m["id"] == "smol" { 31 } else { 7 }),
+            "{m}"
+        );
+        if cfg!(not(any(
+            feature = "cuda",
+            feature = "vulkan",
+            feature = "metal"
+        ))) {
+            assert_eq!(
+                (&meta["placement"], &meta["backend"]),
+                (&json!("CPU"), &json!("CPU")),
+                "{m}"
+            );
+            assert_eq!(meta["offloaded_layers"], 0, "{m}");
+        }
+    }
 
     // First-party profile.
     let (st, v) = post(
@@ -271,6 +293,31 @@ fn completions_chat_embeddings_models_and_native_profile() {
         assert!(m.contains(name), "missing {name}");
     }
     assert!(m.contains("route=\"/v1/completions\""), "{m}");
+    // Placement and device memory.
+    let series = |prefix: &str| {
+        m.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(str::to_string)
+    };
+    let layers = series("sipp_offloaded_layers{model=\"smol\"").expect("sipp_offloaded_layers");
+    let total = series("sipp_device_memory_total_bytes{").expect("device memory");
+    assert!(total.contains("backend=\"CPU\""), "{total}");
+    let bytes: f64 = total
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("value");
+    assert!(bytes > 0.0, "{total}");
+    if cfg!(not(any(
+        feature = "cuda",
+        feature = "vulkan",
+        feature = "metal"
+    ))) {
+        assert!(
+            layers.ends_with(" 0") && layers.contains("backend=\"CPU\""),
+            "{layers}"
+        );
+    }
 }
 
 /// A client for requests that are slow by design (the test keeps them running

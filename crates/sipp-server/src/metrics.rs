@@ -199,6 +199,7 @@ struct EngineRead {
     m: sipp::engine::MetricsSnapshot,
     alive: bool,
     n_ctx: u32,
+    placement: sipp::runtime::placement::Placement,
 }
 
 /// One gauge family per series, a row per engine labelled `label = id`.
@@ -269,6 +270,60 @@ fn inference_extension_gauges(
     )
 }
 
+/// Where each model runs (`sipp_offloaded_layers{model, backend}`), and
+/// every ggml device's memory (`sipp_device_memory_{total,free}_bytes`).
+fn placement_gauges(
+    encoder: &mut DescriptorEncoder,
+    engines: &[EngineRead],
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::Gauge as G;
+    let layers: Vec<(Labels, ConstGauge<i64>)> = engines
+        .iter()
+        .map(|e| {
+            let l = vec![
+                ("model".to_string(), e.id.clone()),
+                ("backend".to_string(), e.placement.backend.clone()),
+            ];
+            (l, ConstGauge::new(i64::from(e.placement.offloaded_layers)))
+        })
+        .collect();
+    family(
+        encoder,
+        "sipp_offloaded_layers",
+        "Layers of the model on GPU devices (CPU: 0)",
+        &layers,
+        G,
+    )?;
+    let devices = sipp::runtime::placement::devices();
+    let memory =
+        |read: fn(&sipp::runtime::placement::Device) -> u64| -> Vec<(Labels, ConstGauge<i64>)> {
+            devices
+                .iter()
+                .map(|d| {
+                    let l = vec![
+                        ("device".to_string(), d.name.clone()),
+                        ("backend".to_string(), d.backend.clone()),
+                    ];
+                    (l, ConstGauge::new(read(d) as i64))
+                })
+                .collect()
+        };
+    family(
+        encoder,
+        "sipp_device_memory_total_bytes",
+        "Memory of each ggml device",
+        &memory(|d| d.memory_total),
+        G,
+    )?;
+    family(
+        encoder,
+        "sipp_device_memory_free_bytes",
+        "Free memory of each ggml device at the scrape",
+        &memory(|d| d.memory_free),
+        G,
+    )
+}
+
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::MetricType::{Counter as C, Gauge as G};
@@ -283,6 +338,7 @@ impl Collector for EngineCollector {
                             m: e.metrics(),
                             alive: e.is_alive(),
                             n_ctx: e.info().n_ctx,
+                            placement: e.info().model.placement.clone(),
                         }),
                         _ => None,
                     })
@@ -322,6 +378,7 @@ impl Collector for EngineCollector {
             &up,
             G,
         )?;
+        placement_gauges(&mut encoder, &snapshots)?;
         let counters: [Series; 11] = [
             ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
                 m.prompt_tokens

@@ -216,51 +216,201 @@ impl Default for CacheConfig {
     }
 }
 
-/// Where the weights live.
+/// Where the weights live: layers on GPUs (a build with the `cuda`, `vulkan`
+/// or `metal` feature, or RPC servers) or the CPU, and how they are mapped.
+///
+/// ```toml
+/// [placement]
+/// gpu_layers = "auto"     # "auto" | "all" | a count (more than the model has = all)
+/// main_gpu = 0
+/// split_mode = "layer"    # "none" | "layer" | "row"
+/// tensor_split = [3, 1]   # share of each GPU; empty = by free memory
+/// kv_offload = true
+/// fit = true              # llama.cpp's own fitting checks memory before the load
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PlacementConfig {
-    /// Layers offloaded to a GPU (ignored on a CPU-only build). Default 0.
-    pub gpu_layers: u32,
+    /// Layers offloaded to GPU devices. `auto` (the default): every layer
+    /// when a GPU or RPC device exists, reduced by llama.cpp's fitting to what
+    /// free memory holds; none on a CPU-only build. `all` or a count is taken
+    /// as given (a count above the model's layers means all).
+    pub gpu_layers: GpuLayers,
+    /// The GPU (index among the GPU devices) for the whole model with
+    /// `split_mode = "none"`, and for intermediate results. Default 0.
+    pub main_gpu: u32,
+    /// How layers are spread over several GPUs. Default `layer`.
+    pub split_mode: SplitMode,
+    /// Each GPU's share of the layers, in device order (e.g. `[3, 1]`).
+    /// Empty (the default) spreads by free memory. Parts are at least 0 and
+    /// at least one is above 0.
+    pub tensor_split: Vec<f32>,
+    /// Keep the KV cache (and attention) on the GPU with its layers.
+    /// Default true.
+    pub kv_offload: bool,
+    /// Run llama.cpp's memory fitting (`common_fit_params`, llama-server's
+    /// `--fit`) before the load: a model or context that does not fit is a
+    /// clear error instead of an allocation failure, and `gpu_layers = "auto"`
+    /// offloads only what fits. Default true.
+    pub fit: bool,
+    /// Memory the fitting leaves free on each device, in MiB (llama-server's
+    /// `--fit-target`). Default 1024.
+    pub fit_margin_mib: u32,
     /// Map the model file instead of reading it. Default true.
     pub use_mmap: bool,
     /// Lock the weights in RAM. Default false.
     pub use_mlock: bool,
     /// llama.cpp RPC servers (`rpc-server`, ggml devices over TCP) as
-    /// `host:port`, to spread the model's layers over other hosts. With any
-    /// listed, `gpu_layers = 0` means every layer is offloaded. ggml's RPC
-    /// client aborts the process when a server drops, so `sipp serve` runs such
-    /// a target in a supervised child process. Default: none.
+    /// `host:port`, to spread the model's layers over other hosts (with
+    /// `gpu_layers = "auto"` every layer goes to them). ggml's RPC client
+    /// aborts the process when a server drops, so `sipp serve` runs such a
+    /// target in a supervised child process. Default: none.
     pub rpc: Vec<String>,
+}
+
+/// How many layers go to GPU devices: `"auto"`, `"all"` or a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuLayers {
+    /// Every layer when a GPU or RPC device exists (fitted to free memory),
+    /// none otherwise.
+    #[default]
+    Auto,
+    /// Every layer, without fitting the count.
+    All,
+    /// This many layers (more than the model has means all).
+    Count(u32),
+}
+
+impl std::str::FromStr for GpuLayers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(GpuLayers::Auto),
+            "all" => Ok(GpuLayers::All),
+            t => match t.parse::<i64>() {
+                Ok(n) if n < 0 => Err(format!(
+                    "a layer count is 0 or more, got {n} (use \"all\" or \"auto\")"
+                )),
+                Ok(n) => Ok(GpuLayers::Count(u32::try_from(n).unwrap_or(u32::MAX))),
+                Err(_) => Err(format!(
+                    "expected \"auto\", \"all\" or a layer count, got `{t}`"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for GpuLayers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuLayers::Auto => f.write_str("auto"),
+            GpuLayers::All => f.write_str("all"),
+            GpuLayers::Count(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl Serialize for GpuLayers {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            GpuLayers::Count(n) => s.serialize_u32(*n),
+            other => s.serialize_str(&other.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for GpuLayers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Int(n) => n.to_string(),
+            Raw::Text(t) => t,
+        };
+        text.parse()
+            .map_err(|e: String| serde::de::Error::custom(format!("gpu_layers: {e}")))
+    }
+}
+
+/// How llama.cpp spreads a model over several GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitMode {
+    /// The whole model on `main_gpu`.
+    None,
+    /// Whole layers (and their KV) per GPU.
+    #[default]
+    Layer,
+    /// Rows of each weight split across GPUs (tensor parallelism where the
+    /// backend supports it).
+    Row,
+}
+
+impl std::str::FromStr for SplitMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "none" => Ok(SplitMode::None),
+            "layer" => Ok(SplitMode::Layer),
+            "row" => Ok(SplitMode::Row),
+            t => Err(format!("expected none, layer or row, got `{t}`")),
+        }
+    }
 }
 
 /// The most RPC servers one model may use (ggml's `GGML_RPC_MAX_SERVERS`).
 pub const MAX_RPC_SERVERS: usize = 16;
 
+/// The most GPUs a tensor split may name (llama.cpp's `LLAMA_MAX_DEVICES`).
+pub const MAX_SPLIT_DEVICES: usize = 16;
+
 impl PlacementConfig {
-    /// Layers to offload: `gpu_layers`, or all of them when RPC servers are
-    /// listed and `gpu_layers` is 0 (the remote devices are the point).
-    pub fn offloaded_layers(&self) -> u32 {
-        if self.gpu_layers == 0 && !self.rpc.is_empty() {
-            u32::MAX
-        } else {
-            self.gpu_layers
-        }
+    /// Parses a tensor split as llama-server's `--tensor-split 3,1` writes it.
+    pub fn parse_tensor_split(text: &str) -> Result<Vec<f32>, String> {
+        text.split([',', '/'])
+            .map(|p| {
+                p.trim()
+                    .parse::<f32>()
+                    .map_err(|_| format!("`{}` is not a number", p.trim()))
+            })
+            .collect()
     }
 
-    /// Each RPC endpoint is `host:port` with a port in 1..=65535.
+    /// Field ranges: RPC endpoints are `host:port` with a port in
+    /// 1..=65535; tensor-split parts are finite, at least 0, not all 0.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |message: String| {
-            Err(ConfigError::Invalid {
-                field: "placement.rpc",
-                message,
-            })
-        };
+        let invalid =
+            |field: &'static str, message: String| Err(ConfigError::Invalid { field, message });
+        if !self.tensor_split.is_empty() {
+            let ts = &self.tensor_split;
+            if ts.len() > MAX_SPLIT_DEVICES {
+                return invalid(
+                    "placement.tensor_split",
+                    format!("at most {MAX_SPLIT_DEVICES} parts, got {}", ts.len()),
+                );
+            }
+            if let Some(p) = ts.iter().find(|p| !p.is_finite() || **p < 0.0) {
+                return invalid(
+                    "placement.tensor_split",
+                    format!("each part is a share of 0 or more, got {p} in {ts:?}"),
+                );
+            }
+            if ts.iter().all(|p| *p == 0.0) {
+                return invalid(
+                    "placement.tensor_split",
+                    format!("at least one part must be above 0, got {ts:?}"),
+                );
+            }
+        }
         if self.rpc.len() > MAX_RPC_SERVERS {
-            return invalid(format!(
-                "at most {MAX_RPC_SERVERS} servers, got {}",
-                self.rpc.len()
-            ));
+            return invalid(
+                "placement.rpc",
+                format!("at most {MAX_RPC_SERVERS} servers, got {}", self.rpc.len()),
+            );
         }
         for e in &self.rpc {
             let ok = e.rsplit_once(':').is_some_and(|(host, port)| {
@@ -269,7 +419,10 @@ impl PlacementConfig {
                     && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {
-                return invalid(format!("`{e}` is not host:port (e.g. 10.0.0.5:50052)"));
+                return invalid(
+                    "placement.rpc",
+                    format!("`{e}` is not host:port (e.g. 10.0.0.5:50052)"),
+                );
             }
         }
         Ok(())
@@ -279,7 +432,13 @@ impl PlacementConfig {
 impl Default for PlacementConfig {
     fn default() -> Self {
         Self {
-            gpu_layers: 0,
+            gpu_layers: GpuLayers::Auto,
+            main_gpu: 0,
+            split_mode: SplitMode::Layer,
+            tensor_split: Vec::new(),
+            kv_offload: true,
+            fit: true,
+            fit_margin_mib: 1024,
             use_mmap: true,
             use_mlock: false,
             rpc: Vec::new(),
@@ -490,16 +649,74 @@ mod tests {
     use super::*;
 
     #[test]
+    fn placement_parses_and_refuses_what_llama_cpp_would_abort_on() {
+        let cfg = NativeRuntimeConfig::from_toml(
+            "[placement]\ngpu_layers = 12\nsplit_mode = \"row\"\ntensor_split = [3, 1]\nmain_gpu = 1\nkv_offload = false\n",
+        )
+        .unwrap();
+        let p = &cfg.placement;
+        assert_eq!(p.gpu_layers, GpuLayers::Count(12));
+        assert_eq!(
+            (p.split_mode, p.main_gpu, p.kv_offload),
+            (SplitMode::Row, 1, false)
+        );
+        assert_eq!(p.tensor_split, vec![3.0, 1.0]);
+        for (text, want) in [
+            ("\"all\"", GpuLayers::All),
+            ("\"auto\"", GpuLayers::Auto),
+            ("\"7\"", GpuLayers::Count(7)),
+        ] {
+            let c = NativeRuntimeConfig::from_toml(&format!("[placement]\ngpu_layers = {text}\n"))
+                .unwrap();
+            assert_eq!(c.placement.gpu_layers, want, "{text}");
+        }
+        assert_eq!(
+            NativeRuntimeConfig::default().placement.gpu_layers,
+            GpuLayers::Auto
+        );
+        for bad in ["-1", "\"-3\"", "\"most\""] {
+            let e = NativeRuntimeConfig::from_toml(&format!("[placement]\ngpu_layers = {bad}\n"))
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("gpu_layers"), "{bad}: {e}");
+        }
+        assert_eq!(
+            "99999999999".parse::<GpuLayers>(),
+            Ok(GpuLayers::Count(u32::MAX))
+        );
+        for (split, why) in [
+            (vec![1.0, -1.0], "0 or more"),
+            (vec![0.0, 0.0], "above 0"),
+            (vec![f32::NAN], "0 or more"),
+            (vec![1.0; 17], "at most 16"),
+        ] {
+            let mut c = NativeRuntimeConfig::default();
+            c.placement.tensor_split = split.clone();
+            let e = c.validate().expect_err("bad split").to_string();
+            assert!(
+                e.contains("placement.tensor_split") && e.contains(why),
+                "{split:?}: {e}"
+            );
+        }
+        assert_eq!(
+            PlacementConfig::parse_tensor_split("3,1"),
+            Ok(vec![3.0, 1.0])
+        );
+        assert_eq!(
+            PlacementConfig::parse_tensor_split("1/0.5"),
+            Ok(vec![1.0, 0.5])
+        );
+        assert!(PlacementConfig::parse_tensor_split("3,x").is_err());
+        assert!("diagonal".parse::<SplitMode>().is_err());
+    }
+
+    #[test]
     fn rpc_endpoints_are_host_and_port() {
         let mut cfg = NativeRuntimeConfig::default();
-        assert_eq!(cfg.placement.offloaded_layers(), 0);
         for good in ["127.0.0.1:50052", "gpu-box.lan:1", "[::1]:50052"] {
             cfg.placement.rpc = vec![good.into()];
             cfg.validate().expect(good);
-            assert_eq!(cfg.placement.offloaded_layers(), u32::MAX, "{good}");
         }
-        cfg.placement.gpu_layers = 12;
-        assert_eq!(cfg.placement.offloaded_layers(), 12);
         for bad in [
             "127.0.0.1",
             ":50052",

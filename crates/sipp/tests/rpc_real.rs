@@ -8,8 +8,8 @@
 
 mod common;
 
+use common::engine_with;
 use common::rpc::RpcServer;
-use common::{assert_same_up_to_near_tie, engine_with, greedy};
 
 /// Largest logit gap at which two batchings may pick different tokens.
 const NEAR_TIE: f32 = 1.0;
@@ -35,34 +35,5 @@ fn a_model_spread_over_two_rpc_servers_matches_the_local_engine() {
         "both servers hold layers: grew by {grown:?} bytes"
     );
     let local = engine_with(1, |c| c.context.n_ctx = 2048);
-    let prompts = [
-        "The capital of France is",
-        "def fibonacci(n):",
-        "Once upon a time, in a small village,",
-        "The three primary colors are",
-        "To make a cup of tea, first",
-        "1, 2, 3, 4, 5,",
-        "The quick brown fox",
-        "Water boils at",
-    ];
-    let mut diverged = 0;
-    for p in prompts {
-        let run = |e: &sipp::Engine| {
-            e.generate(greedy(p, 24))
-                .expect("submit")
-                .blocking_completion()
-                .expect("completes")
-        };
-        let reference = run(&local);
-        let spread = run(&remote);
-        assert!(!spread.tokens.is_empty(), "{p}: no tokens over RPC");
-        if let Some(gap) = assert_same_up_to_near_tie(&reference, &spread, NEAR_TIE, p) {
-            diverged += 1;
-            eprintln!("{p:?} diverged at a near-tie (gap {gap:.3})");
-        }
-    }
-    eprintln!(
-        "{diverged} of {} prompts diverged at near-ties",
-        prompts.len()
-    );
+    common::compare_greedy(&local, &remote, &common::PROMPTS[..8], 24, NEAR_TIE);
 }

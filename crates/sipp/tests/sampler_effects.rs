@@ -19,7 +19,7 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
-use sipp::config::PlacementConfig;
+use sipp::config::NativeRuntimeConfig;
 use sipp::runtime::llama::{chain_sampler, configure_llama_logs, load_model, LlamaModelHandle};
 use sipp::runtime::Vocab;
 use sipp::sampling::{sampler_chain, BiasTarget, ChainStage, LogitBias, SamplingParams};
@@ -33,8 +33,13 @@ fn model() -> &'static LlamaModelHandle {
     static MODEL: OnceLock<Arc<LlamaModelHandle>> = OnceLock::new();
     MODEL.get_or_init(|| {
         configure_llama_logs(false);
-        load_model(&common::default_model(), &PlacementConfig::default(), None)
-            .expect("the default model loads")
+        load_model(
+            &common::default_model(),
+            &NativeRuntimeConfig::default(),
+            1,
+            None,
+        )
+        .expect("the default model loads")
     })
 }
 

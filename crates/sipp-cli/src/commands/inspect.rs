@@ -58,6 +58,7 @@ pub fn run(args: InspectArgs) -> Result<(), CliError> {
         "file_size_bytes": header.file_size,
         "quantization": info.quantization,
         "context_length": info.n_ctx_train,
+        "placement": info.placement,
         "embedding_length": info.n_embd,
         "layers": info.n_layer,
         "vocab_size": info.n_vocab,
@@ -95,6 +96,7 @@ pub fn run(args: InspectArgs) -> Result<(), CliError> {
     println!("context length:   {}", info.n_ctx_train);
     println!("embedding length: {}", info.n_embd);
     println!("layers:           {}", info.n_layer);
+    println!("placement:        {}", info.placement.summary());
     println!("vocabulary:       {} ({tokenizer_model})", info.n_vocab);
     for (name, id, text) in info.special_tokens(vocab.as_ref()) {
         println!("{:<18}{id} {text:?}", format!("{name} token:"));

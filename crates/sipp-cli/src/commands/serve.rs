@@ -68,6 +68,8 @@ pub struct ServeArgs {
     /// server exits when stdin closes (its parent is gone).
     #[arg(long, hide = true)]
     pub supervised: bool,
+    #[command(flatten)]
+    pub placement: crate::common::PlacementArgs,
 }
 
 /// The effective configuration.
@@ -161,6 +163,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
         if !args.rpc.is_empty() && t.provider.is_none() {
             t.runtime.placement.rpc = args.rpc.clone();
         }
+        args.placement.apply(&mut t.runtime);
     }
     cfg.child = args.supervised;
     cfg.validate().map_err(CliError::usage)?;
@@ -206,8 +209,36 @@ async fn stdin_closed() {
     let _ = rx.await;
 }
 
+/// Refuses, before the port is bound, a local model whose placement cannot
+/// work (a GPU that does not exist; a model and context that do not fit, by
+/// llama.cpp's fitting on the file's metadata), as llama-server exits when
+/// its model cannot load. Models not on disk yet, on-demand and RPC-backed
+/// targets are checked when they load.
+fn check_placements(cfg: &ServeConfig) -> Result<(), CliError> {
+    for t in &cfg.models {
+        let local = t.provider.is_none()
+            && t.runtime.placement.rpc.is_empty()
+            && t.load == sipp_server::config::LoadWhen::Startup;
+        let Some(path) = local
+            .then(|| sipp::models::resolve(&t.model).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let r = &t.runtime;
+        let n_seq = r.slots() + r.cache.idle_sequences;
+        if let Err(e @ sipp::runtime::RuntimeError::Placement(_)) =
+            sipp::runtime::llama::check_placement(&path, r, n_seq)
+        {
+            return Err(CliError::usage(format!("model `{}`: {e}", t.id)));
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let cfg = effective_config(&args)?;
+    check_placements(&cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -251,3 +251,51 @@ pub fn run_python_client(s: &Server, python_env: &str, script: &str, args: &[&st
         s.log()
     );
 }
+
+/// llama.cpp's own llama-server (the reference build, named by
+/// `SIPP_LLAMA_SERVER`) on a free loopback port, healthy; killed on drop.
+pub struct LlamaServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+}
+
+impl LlamaServer {
+    /// Starts `bin -m model --port P --host 127.0.0.1 ARGS...` and waits for
+    /// its /health.
+    pub fn start(bin: &str, model: &std::path::Path, args: &[&str]) -> LlamaServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["-m", &model.display().to_string()])
+            .args(["--port", &port.to_string(), "--host", "127.0.0.1"])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("llama-server starts");
+        let server = LlamaServer {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let c = reqwest::blocking::Client::new();
+        assert!(
+            eventually(Duration::from_secs(60), || c
+                .get(format!("{}/health", server.base))
+                .send()
+                .is_ok_and(|r| r.status() == 200)),
+            "llama-server never became healthy"
+        );
+        server
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -2,10 +2,12 @@
 
 pub mod anthropic;
 pub mod dashboard;
+pub mod infill;
 pub mod native;
 pub mod openai;
 pub mod ops;
 pub mod remote;
+pub mod rerank;
 pub mod responses;
 pub mod web;
 pub mod worker;

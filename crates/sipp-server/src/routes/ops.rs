@@ -68,6 +68,61 @@ pub struct ModelEntry {
     pub card: ModelCard,
     /// Loaded, loading, unloaded or failed.
     pub status: ModelStatus,
+    /// What a loaded local model is and where it runs (llama-server's
+    /// `meta`, plus the placement); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meta: Option<ModelMeta>,
+}
+
+/// `meta` of a loaded local model in GET /v1/models.
+#[derive(Debug, Serialize)]
+pub struct ModelMeta {
+    /// Vocabulary size.
+    pub n_vocab: usize,
+    /// Training context.
+    pub n_ctx_train: u32,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Parameters.
+    pub n_params: u64,
+    /// Weight bytes.
+    pub size: u64,
+    /// The context this engine runs with.
+    pub n_ctx: u32,
+    /// "31/31 layers on Vulkan0 (...)" or "CPU".
+    pub placement: String,
+    /// The backend holding the offloaded layers ("CPU" when none).
+    pub backend: String,
+    /// Devices holding offloaded layers.
+    pub devices: Vec<String>,
+    /// Layers offloaded, of `total_layers`.
+    pub offloaded_layers: u32,
+    /// The model's layers plus its output layer.
+    pub total_layers: u32,
+}
+
+impl ModelMeta {
+    fn of(s: &TargetState) -> Option<Self> {
+        let TargetState::Ready(crate::state::Target::Local(engine)) = s else {
+            return None;
+        };
+        let info = engine.info();
+        let m = &info.model;
+        let p = &m.placement;
+        Some(Self {
+            n_vocab: m.n_vocab,
+            n_ctx_train: m.n_ctx_train,
+            n_embd: m.n_embd,
+            n_params: m.n_params,
+            size: m.size_bytes,
+            n_ctx: info.n_ctx,
+            placement: p.summary(),
+            backend: p.backend.clone(),
+            devices: p.devices.clone(),
+            offloaded_layers: p.offloaded_layers,
+            total_layers: p.total_layers,
+        })
+    }
 }
 
 /// GET /v1/models.
@@ -95,6 +150,7 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelEntries> {
                 owned_by: "sipp".into(),
             },
             status: ModelStatus::of(&s),
+            meta: ModelMeta::of(&s),
         })
         .collect();
     Json(ModelEntries {

@@ -120,8 +120,8 @@ impl Engine {
     ) -> Result<Engine, StartError> {
         config.validate()?;
         crate::runtime::llama::configure_llama_logs(config.observability.llama_logs);
-        let model = crate::runtime::llama::load_model(path, &config.placement, progress)?;
         let n_seq = config.slots() + config.cache.idle_sequences;
+        let model = crate::runtime::llama::load_model(path, &config, n_seq, progress)?;
         let runtime = crate::runtime::llama::LlamaRuntime::new(model, &config, n_seq)?;
         let draft = match &config.speculative.draft_model {
             Some(p) => Some(Self::load_draft(p, &config, &runtime)?),
@@ -139,13 +139,13 @@ impl Engine {
         config: &NativeRuntimeConfig,
         target: &crate::runtime::llama::LlamaRuntime,
     ) -> Result<crate::runtime::llama::LlamaRuntime, StartError> {
-        let model = crate::runtime::llama::load_model(path, &config.placement, None)?;
         let mut cfg = config.clone();
         if config.speculative.draft_n_ctx > 0 {
             cfg.context.n_ctx = config.speculative.draft_n_ctx;
         } else {
             cfg.context.n_ctx = target.n_ctx();
         }
+        let model = crate::runtime::llama::load_model(path, &cfg, config.slots(), None)?;
         let draft = crate::runtime::llama::LlamaRuntime::new(model, &cfg, config.slots())?;
         let (t, d) = (target.vocab(), draft.vocab());
         let same = t.info().n_vocab == d.info().n_vocab
@@ -386,6 +386,20 @@ impl Engine {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let prepared = self.inner.preparer.prepare_embed(id, req, tx)?;
+        self.submit(prepared, rx)
+    }
+
+    /// Submits one (query, document) pair to a reranker (a model with rank
+    /// pooling); the embedding's values are its raw scores (`n_cls_out` of
+    /// them, the relevance score first). The documents of one request go in
+    /// as separate pairs and are batched together by the scheduler.
+    pub fn rerank(&self, query: &str, document: &str) -> Result<RequestHandle, EngineError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        let prepared = self
+            .inner
+            .preparer
+            .prepare_rerank(id, query, document, tx)?;
         self.submit(prepared, rx)
     }
 }

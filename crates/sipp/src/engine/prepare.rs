@@ -495,18 +495,60 @@ impl RequestPreparer {
         }
         let prompt = self.tokens_of("input", &req.input, true, false)?;
         validate::embedding_input_length(prompt.len(), self.info.max_embedding_tokens)?;
-        Ok(PreparedRequest {
-            id,
-            kind: PreparedKind::Embed {
-                normalize: req.normalize,
-            },
-            prompt,
-            context_key: None,
-            cache_prompt: false,
-            repeatable: false,
-            submitted_at: Instant::now(),
-            sink,
-        })
+        Ok(embedding_request(id, prompt, req.normalize, sink))
+    }
+}
+
+/// A request that reads the pooled embedding (or rank score) of `prompt`.
+fn embedding_request(
+    id: RequestId,
+    prompt: Vec<Token>,
+    normalize: bool,
+    sink: EventSink,
+) -> PreparedRequest {
+    PreparedRequest {
+        id,
+        kind: PreparedKind::Embed { normalize },
+        prompt,
+        context_key: None,
+        cache_prompt: false,
+        repeatable: false,
+        submitted_at: Instant::now(),
+        sink,
+    }
+}
+
+impl RequestPreparer {
+    /// Validates a rerank request: one (query, document) pair, tokenized as
+    /// llama-server does ([`crate::runtime::RerankFormat`]), read out as the
+    /// raw rank-pooled scores.
+    pub fn prepare_rerank(
+        &self,
+        id: RequestId,
+        query: &str,
+        document: &str,
+        sink: EventSink,
+    ) -> Result<PreparedRequest, EngineError> {
+        if self.info.embedding_pooling != Some(Pooling::Rank) {
+            return Err(EngineError::InvalidRequest {
+                field: "model",
+                message: format!(
+                    "this model does not rerank: it needs rank pooling (a cross-encoder with a \
+                     classification head, loaded with context.pooling = \"rank\"); its pooling \
+                     is {}",
+                    self.info
+                        .embedding_pooling
+                        .map_or("none (a generation context)", Pooling::as_str)
+                ),
+            });
+        }
+        let prompt = self
+            .vocab
+            .rerank_format()
+            .pair_tokens(self.vocab.as_ref(), query, document)
+            .map_err(|e| EngineError::Tokenize(e.to_string()))?;
+        validate::embedding_input_length(prompt.len(), self.info.max_embedding_tokens)?;
+        Ok(embedding_request(id, prompt, false, sink))
     }
 }
 
@@ -614,6 +656,68 @@ mod tests {
         assert_eq!(
             prepare(&p, GenerateRequest::new("ab").max_tokens(u32::MAX)),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn rerank_pairs_are_formatted_as_llama_server_does_and_need_rank_pooling() {
+        use crate::runtime::fake::{BOS, EOS};
+        use crate::runtime::RerankFormat;
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        // A context that pools by mean does not rerank.
+        match preparer(0).prepare_rerank(1, "q", "d", tx.clone()) {
+            Err(EngineError::InvalidRequest { field, message }) => {
+                assert_eq!(field, "model");
+                assert!(
+                    message.contains("rank pooling") && message.contains("none"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let backend = FakeBackend::new(FakeConfig {
+            n_ctx: 64,
+            encoder_only: true,
+            embeddings: Some(Pooling::Rank),
+            ..FakeConfig::default()
+        });
+        let config = NativeRuntimeConfig::default();
+        let p = RequestPreparer::new(backend.vocab(), EngineInfo::new(&backend, &config));
+        let prepared = p.prepare_rerank(1, "ab", "c", tx).expect("prepared");
+        assert_eq!(prepared.prompt, vec![BOS, 97, 98, 99]);
+        assert!(matches!(
+            prepared.kind,
+            PreparedKind::Embed { normalize: false }
+        ));
+
+        let v = backend.vocab();
+        // BERT: [CLS] query [SEP] document.
+        let bert = RerankFormat {
+            bos: Some(BOS),
+            sep: Some(7),
+            ..RerankFormat::default()
+        };
+        assert_eq!(
+            bert.pair_tokens(v.as_ref(), "ab", "c").expect("tokens"),
+            vec![BOS, 97, 98, 7, 99]
+        );
+        // EOS after both texts, SEP between; special text in them stays text.
+        let full = RerankFormat {
+            eos: Some(EOS),
+            ..bert.clone()
+        };
+        assert_eq!(
+            full.pair_tokens(v.as_ref(), "</s>", "").expect("tokens"),
+            vec![BOS, 60, 47, 115, 62, EOS, 7, EOS]
+        );
+        // A template: special text is parsed, nothing is added.
+        let templated = RerankFormat {
+            template: Some("<s>{query}</s>{document}".into()),
+            ..full
+        };
+        assert_eq!(
+            templated.pair_tokens(v.as_ref(), "a", "b").expect("tokens"),
+            vec![BOS, 97, EOS, 98]
         );
     }
 }

@@ -74,6 +74,8 @@ impl FakeVocab {
                     "fake-decoder"
                 }
                 .into(),
+                placement: super::placement::Placement::default(),
+                fim: super::FimTokens::default(),
             },
         }
     }

@@ -9,7 +9,7 @@ use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::params::{LlamaModelParams, LlamaSplitMode};
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::data::LlamaTokenData;
@@ -18,11 +18,12 @@ use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
 use super::gguf::{check_gguf, GgufHeader, MetaValue};
+use super::placement::Device;
 use super::{
     logprobs_from_logits, Backend, BatchError, BatchRow, ModelInfo, Pooling, RuntimeError,
     SampleError, Sampled, SamplerSpec, SeqId, Token, Vocab,
 };
-use crate::config::{FlashAttention, NativeRuntimeConfig, PlacementConfig};
+use crate::config::{FlashAttention, GpuLayers, NativeRuntimeConfig, PlacementConfig, SplitMode};
 use crate::sampling::{
     look_back, sampler_plan, BiasTarget, ChainStage, JsonBounds, LogitBias, OutputConstraint,
     SamplerPlan, SamplingError,
@@ -77,44 +78,28 @@ impl std::fmt::Debug for LlamaModelHandle {
     }
 }
 
-/// Loads a GGUF model after checking it in Rust. `progress` receives 0..=1.
-pub fn load_model(
-    path: &Path,
-    placement: &PlacementConfig,
-    progress: Option<Box<dyn FnMut(f32) + Send>>,
-) -> Result<Arc<LlamaModelHandle>, RuntimeError> {
-    let header = check_gguf(path)?;
-    let backend = backend()?;
-    super::rpc::register_servers(&placement.rpc)?;
-    let mut params = LlamaModelParams::default()
-        .with_n_gpu_layers(placement.offloaded_layers())
-        .with_use_mmap(placement.use_mmap)
-        .with_use_mlock(placement.use_mlock);
-    if let Some(mut cb) = progress {
-        params = params.with_progress_callback(move |p| {
-            cb(p);
-            true
-        });
-    }
-    let model =
-        LlamaModel::load_from_file(backend, path, &params).map_err(|e| RuntimeError::Load {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-    let info = model_info(path, &header, &model);
-    Ok(Arc::new(LlamaModelHandle { model, info }))
+/// Serializes model loads, llama.cpp's fitting and context creation: the
+/// fitting swaps llama.cpp's process-wide logger for one pointing at its own
+/// stack frame, so two at once (or a load logging meanwhile) could call
+/// through a dangling pointer.
+static LOAD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn load_lock() -> std::sync::MutexGuard<'static, ()> {
+    LOAD_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo {
-    let vocab = model.vocab();
-    let architecture = header.architecture().unwrap_or("unknown").to_string();
-    let opt_token = |t: LlamaToken| (t.0 >= 0).then_some(t.0);
-    let causal = header
-        .arch_value("attention.causal")
-        .map(|v| !matches!(v, MetaValue::Bool(false)))
-        .unwrap_or(true);
-    let encoder_only = ENCODER_ONLY.contains(&architecture.as_str()) || !causal;
-    let pooling = header
+/// What a context is shaped by, read before the model loads (for the
+/// fitting) or from the loaded model (for the context itself).
+struct ContextShape {
+    n_ctx_train: u32,
+    encoder_only: bool,
+    pooling: Option<Pooling>,
+}
+
+fn header_pooling(header: &GgufHeader) -> Option<Pooling> {
+    header
         .arch_value("pooling_type")
         .and_then(MetaValue::as_u64)
         .and_then(|p| match p {
@@ -124,7 +109,403 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
             3 => Some(Pooling::Last),
             4 => Some(Pooling::Rank),
             _ => None,
-        });
+        })
+}
+
+fn header_encoder_only(header: &GgufHeader) -> bool {
+    let architecture = header.architecture().unwrap_or("unknown");
+    let causal = header
+        .arch_value("attention.causal")
+        .map(|v| !matches!(v, MetaValue::Bool(false)))
+        .unwrap_or(true);
+    ENCODER_ONLY.contains(&architecture) || !causal
+}
+
+fn header_u32(header: &GgufHeader, key: &str) -> u32 {
+    header
+        .arch_value(key)
+        .and_then(MetaValue::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .unwrap_or(0)
+}
+
+/// A load decided: the checked header, the GPUs there are, and the model
+/// parameters after the fitting (`params` is `None` for a tensor split,
+/// which loads through [`load_with_split`]).
+struct LoadPlan {
+    header: GgufHeader,
+    params: Option<LlamaModelParams>,
+    gpus: Vec<Device>,
+    layers: u32,
+    total_layers: u32,
+}
+
+impl LoadPlan {
+    /// RPC servers registered, the GPU choice checked against the devices
+    /// there are, then llama.cpp's memory fitting for a context of
+    /// `n_seq_max` sequences (unless `placement.fit` is off). Call with the
+    /// load lock held.
+    fn new(
+        path: &Path,
+        config: &NativeRuntimeConfig,
+        n_seq_max: u32,
+    ) -> Result<Self, RuntimeError> {
+        let placement = &config.placement;
+        let header = check_gguf(path)?;
+        backend()?;
+        super::rpc::register_servers(&placement.rpc)?;
+        let gpus = super::placement::gpu_devices();
+        check_gpu_choice(placement, &gpus)?;
+        let total_layers = header_u32(&header, "block_count") + 1;
+        // `None`: llama.cpp's default (every layer), left for the fitting to lower.
+        let layers = match placement.gpu_layers {
+            _ if gpus.is_empty() => Some(0),
+            GpuLayers::Auto if placement.fit && placement.tensor_split.is_empty() => None,
+            GpuLayers::Auto | GpuLayers::All => Some(u32::MAX),
+            GpuLayers::Count(n) => Some(n),
+        };
+        if placement.kv_offload && layers != Some(0) && !header_encoder_only(&header) {
+            check_kv_buffers(&header, config, &gpus)?;
+        }
+        if !placement.tensor_split.is_empty() {
+            return Ok(Self {
+                header,
+                params: None,
+                gpus,
+                layers: layers.unwrap_or(u32::MAX).min(total_layers),
+                total_layers,
+            });
+        }
+        let mut params = LlamaModelParams::default()
+            .with_use_mmap(placement.use_mmap)
+            .with_use_mlock(placement.use_mlock)
+            .with_main_gpu(placement.main_gpu as i32)
+            .with_split_mode(split_mode(placement.split_mode));
+        if let Some(n) = layers {
+            params = params.with_n_gpu_layers(n);
+        }
+        if placement.fit {
+            fit(path, &header, config, n_seq_max, &mut params, &gpus)?;
+        }
+        let layers = u32::try_from(params.n_gpu_layers()).unwrap_or(u32::MAX);
+        Ok(Self {
+            header,
+            params: Some(params),
+            gpus,
+            layers: layers.min(total_layers),
+            total_layers,
+        })
+    }
+
+    fn placement(&self, placement: &PlacementConfig) -> super::placement::Placement {
+        placed(placement, &self.gpus, self.layers, self.total_layers)
+    }
+}
+
+/// Checks a placement without loading: the devices it names exist and, with
+/// `placement.fit`, the model and a context of `n_seq_max` sequences fit
+/// (llama.cpp's fitting reads the file's metadata only). Returns where the
+/// layers would go. `sipp serve` runs this before it binds its port.
+pub fn check_placement(
+    path: &Path,
+    config: &NativeRuntimeConfig,
+    n_seq_max: u32,
+) -> Result<super::placement::Placement, RuntimeError> {
+    configure_llama_logs(config.observability.llama_logs);
+    let _serial = load_lock();
+    let plan = LoadPlan::new(path, config, n_seq_max)?;
+    Ok(plan.placement(&config.placement))
+}
+
+/// Loads a GGUF model after checking it in Rust, placed as
+/// `config.placement` says (see [`check_placement`]); a placement that
+/// cannot work is [`RuntimeError::Placement`]. `progress` receives 0..=1.
+pub fn load_model(
+    path: &Path,
+    config: &NativeRuntimeConfig,
+    n_seq_max: u32,
+    progress: Option<Box<dyn FnMut(f32) + Send>>,
+) -> Result<Arc<LlamaModelHandle>, RuntimeError> {
+    let _serial = load_lock();
+    let plan = LoadPlan::new(path, config, n_seq_max)?;
+    let placement = plan.placement(&config.placement);
+    let model = match plan.params {
+        Some(mut params) => {
+            if let Some(mut cb) = progress {
+                params = params.with_progress_callback(move |p| {
+                    cb(p);
+                    true
+                });
+            }
+            LlamaModel::load_from_file(backend()?, path, &params).map_err(|e| {
+                RuntimeError::Load {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                }
+            })?
+        }
+        None => load_with_split(path, &config.placement, plan.layers, progress)?,
+    };
+    let mut info = model_info(path, &plan.header, &model);
+    info.placement = placement;
+    tracing::info!(
+        model = %path.display(),
+        "placement: {}{}; weights {} MiB",
+        info.placement.summary(),
+        if info.placement.kv_offload { ", KV cache with them" } else { "" },
+        info.size_bytes / (1 << 20)
+    );
+    Ok(Arc::new(LlamaModelHandle { model, info }))
+}
+
+fn split_mode(mode: SplitMode) -> LlamaSplitMode {
+    match mode {
+        SplitMode::None => LlamaSplitMode::None,
+        SplitMode::Layer => LlamaSplitMode::Layer,
+        SplitMode::Row => LlamaSplitMode::Row,
+    }
+}
+
+/// `main_gpu` and `tensor_split` name GPUs that exist (llama.cpp would abort
+/// or index past its device list otherwise).
+fn check_gpu_choice(placement: &PlacementConfig, gpus: &[Device]) -> Result<(), RuntimeError> {
+    let seen = || {
+        if gpus.is_empty() {
+            format!(
+                "this build sees no GPU device (built with: {})",
+                super::placement::compiled_backends().join(", ")
+            )
+        } else {
+            let names: Vec<String> = gpus.iter().map(Device::label).collect();
+            format!("this machine has {}: {}", gpus.len(), names.join(", "))
+        }
+    };
+    let uses_gpus = !matches!(placement.gpu_layers, GpuLayers::Count(0));
+    if uses_gpus && placement.main_gpu as usize >= gpus.len().max(1) {
+        return Err(RuntimeError::Placement(format!(
+            "placement.main_gpu {} does not exist; {}",
+            placement.main_gpu,
+            seen()
+        )));
+    }
+    if uses_gpus && placement.tensor_split.len() > gpus.len() {
+        return Err(RuntimeError::Placement(format!(
+            "placement.tensor_split names {} GPUs; {}",
+            placement.tensor_split.len(),
+            seen()
+        )));
+    }
+    Ok(())
+}
+
+/// One layer's K cache is one tensor in one device buffer; a device whose
+/// largest buffer is smaller (Vulkan's storage buffer range) makes ggml
+/// abort, even inside the fitting's dry run, so this is checked first.
+fn check_kv_buffers(
+    header: &GgufHeader,
+    config: &NativeRuntimeConfig,
+    gpus: &[Device],
+) -> Result<(), RuntimeError> {
+    let n_head = header_u32(header, "attention.head_count").max(1);
+    let n_head_kv = match header_u32(header, "attention.head_count_kv") {
+        0 => n_head,
+        n => n,
+    };
+    let head_dim = match header_u32(header, "attention.key_length") {
+        0 => header_u32(header, "embedding_length") / n_head,
+        d => d,
+    };
+    let n_ctx = config
+        .context
+        .resolved_n_ctx(header_u32(header, "context_length"));
+    // f16 K cells, llama.cpp's default cache type.
+    let layer_k = u64::from(n_ctx) * u64::from(n_head_kv) * u64::from(head_dim) * 2;
+    let holding: Vec<&Device> = match config.placement.split_mode {
+        SplitMode::None => gpus
+            .get(config.placement.main_gpu as usize)
+            .into_iter()
+            .collect(),
+        _ => gpus.iter().collect(),
+    };
+    if let Some(d) = holding.iter().find(|d| layer_k > d.max_buffer) {
+        return Err(RuntimeError::Placement(format!(
+            "a context of {n_ctx} tokens needs {} MiB for each layer's K cache, which does not fit \
+             in one buffer of {} (at most {} MiB); lower the context size or keep the KV cache \
+             in host memory (placement.kv_offload = false, --no-kv-offload)",
+            layer_k >> 20,
+            d.label(),
+            d.max_buffer >> 20
+        )));
+    }
+    Ok(())
+}
+
+/// llama.cpp's own memory fitting (llama-server's `--fit`): projects the
+/// weights, KV cache and compute buffers of this model and context on every
+/// device (the host when there is no GPU) and, with `gpu_layers = "auto"`,
+/// lowers the offloaded layers until they fit; anything else that does not
+/// fit is a [`RuntimeError::Placement`].
+fn fit(
+    path: &Path,
+    header: &GgufHeader,
+    config: &NativeRuntimeConfig,
+    n_seq_max: u32,
+    params: &mut LlamaModelParams,
+    gpus: &[Device],
+) -> Result<(), RuntimeError> {
+    let shape = ContextShape {
+        n_ctx_train: header_u32(header, "context_length"),
+        encoder_only: header_encoder_only(header),
+        pooling: header_pooling(header),
+    };
+    let mut cparams = ContextPlan::new(config, &shape, n_seq_max).params;
+    let cpath = std::ffi::CString::new(path.to_string_lossy().as_bytes()).map_err(|_| {
+        RuntimeError::Load {
+            path: path.display().to_string(),
+            message: "path contains a NUL byte".into(),
+        }
+    })?;
+    let margin = config.placement.fit_margin_mib as usize * (1 << 20);
+    let mut margins = vec![margin; llama_cpp_2::max_devices().max(1)];
+    let n_ctx = cparams.n_ctx().map_or(0, NonZeroU32::get);
+    let fitted = std::pin::Pin::new(params).fit_params(
+        &cpath,
+        &mut cparams,
+        &mut margins,
+        n_ctx,
+        llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR,
+    );
+    match fitted {
+        Ok(_) => Ok(()),
+        Err(llama_cpp_2::model::params::FitError::Failure) => {
+            let room = if gpus.is_empty() {
+                "host memory".to_string()
+            } else {
+                gpus.iter()
+                    .map(|d| format!("{} ({} MiB free)", d.label(), d.memory_free >> 20))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            Err(RuntimeError::Placement(format!(
+                "{} ({} MiB of weights) with a context of {n_ctx} tokens (for {n_seq_max} \
+                 sequence{}) does not fit in {room} leaving {} MiB free (llama.cpp's fitting); \
+                 lower the context size or slots, offload fewer layers \
+                 (placement.gpu_layers), or set placement.fit = false to try anyway",
+                path.display(),
+                std::fs::metadata(path).map_or(0, |m| m.len()) >> 20,
+                if n_seq_max == 1 { "" } else { "s" },
+                config.placement.fit_margin_mib
+            )))
+        }
+        Err(e) => Err(RuntimeError::Load {
+            path: path.display().to_string(),
+            message: format!("llama.cpp's fitting failed: {e}"),
+        }),
+    }
+}
+
+/// What the model got: the devices holding its offloaded layers.
+fn placed(
+    placement: &PlacementConfig,
+    gpus: &[Device],
+    layers: u32,
+    total_layers: u32,
+) -> super::placement::Placement {
+    if layers == 0 || gpus.is_empty() {
+        return super::placement::Placement::cpu(total_layers);
+    }
+    let holding: Vec<&Device> = if placement.split_mode == SplitMode::None {
+        gpus.iter()
+            .skip(placement.main_gpu as usize)
+            .take(1)
+            .collect()
+    } else if placement.tensor_split.is_empty() {
+        gpus.iter().collect()
+    } else {
+        gpus.iter()
+            .zip(&placement.tensor_split)
+            .filter(|(_, share)| **share > 0.0)
+            .map(|(d, _)| d)
+            .collect()
+    };
+    let mut backends: Vec<&str> = holding.iter().map(|d| d.backend.as_str()).collect();
+    backends.dedup();
+    super::placement::Placement {
+        backend: backends.join("+"),
+        devices: holding.iter().map(|d| d.label()).collect(),
+        offloaded_layers: layers,
+        total_layers,
+        kv_offload: placement.kv_offload,
+    }
+}
+
+/// A load with a tensor split. llama-cpp-2's safe parameters have no setter
+/// for it, so this fills llama.cpp's own `llama_model_params` and wraps the
+/// result. (llama.cpp's fitting never runs with a split set by the user.)
+fn load_with_split(
+    path: &Path,
+    placement: &PlacementConfig,
+    layers: u32,
+    progress: Option<Box<dyn FnMut(f32) + Send>>,
+) -> Result<LlamaModel, RuntimeError> {
+    type Progress = Box<dyn FnMut(f32) + Send>;
+    unsafe extern "C" fn trampoline(p: f32, user: *mut std::ffi::c_void) -> bool {
+        // SAFETY: `user` is the `Progress` boxed below, alive for the load.
+        let cb = unsafe { &mut *user.cast::<Progress>() };
+        cb(p);
+        true
+    }
+    let failed = |message: String| RuntimeError::Load {
+        path: path.display().to_string(),
+        message,
+    };
+    let cpath = std::ffi::CString::new(path.to_string_lossy().as_bytes())
+        .map_err(|_| failed("path contains a NUL byte".into()))?;
+    let mut split = [0f32; 16];
+    for (slot, share) in split.iter_mut().zip(&placement.tensor_split) {
+        *slot = *share;
+    }
+    let mut progress: Option<Box<Progress>> = progress.map(Box::new);
+    // SAFETY: plain C structs; every pointer set here (`split`, `progress`)
+    // outlives the call, and llama.cpp copies what it keeps.
+    let raw = unsafe {
+        let mut p = llama_cpp_sys_2::llama_model_default_params();
+        p.n_gpu_layers = i32::try_from(layers).unwrap_or(i32::MAX);
+        p.main_gpu = placement.main_gpu as i32;
+        p.split_mode = split_mode(placement.split_mode).into();
+        p.tensor_split = split.as_ptr();
+        p.load_mode = match (placement.use_mmap, placement.use_mlock) {
+            (false, false) => llama_cpp_sys_2::LLAMA_LOAD_MODE_NONE,
+            (true, false) => llama_cpp_sys_2::LLAMA_LOAD_MODE_MMAP,
+            (false, true) => llama_cpp_sys_2::LLAMA_LOAD_MODE_MLOCK,
+            (true, true) => llama_cpp_sys_2::LLAMA_LOAD_MODE_MMAP_MLOCK,
+        };
+        if let Some(cb) = progress.as_mut() {
+            p.progress_callback = Some(trampoline);
+            p.progress_callback_user_data = std::ptr::from_mut::<Progress>(cb).cast();
+        }
+        llama_cpp_sys_2::llama_model_load_from_file(cpath.as_ptr(), p)
+    };
+    let raw =
+        std::ptr::NonNull::new(raw).ok_or_else(|| failed("llama.cpp returned no model".into()))?;
+    const _: () = assert!(
+        std::mem::size_of::<LlamaModel>()
+            == std::mem::size_of::<std::ptr::NonNull<llama_cpp_sys_2::llama_model>>()
+    );
+    // SAFETY: `LlamaModel` is one non-null pointer to a `llama_model` it owns
+    // and frees on drop (asserted to have that size above); this model was
+    // loaded above and is owned by nothing else.
+    Ok(unsafe {
+        std::mem::transmute::<std::ptr::NonNull<llama_cpp_sys_2::llama_model>, LlamaModel>(raw)
+    })
+}
+
+fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo {
+    let vocab = model.vocab();
+    let architecture = header.architecture().unwrap_or("unknown").to_string();
+    let opt_token = |t: LlamaToken| (t.0 >= 0).then_some(t.0);
+    let encoder_only = header_encoder_only(header);
+    let pooling = header_pooling(header);
     let quantization = header.quantization();
     let chat_template = header
         .metadata
@@ -169,6 +550,15 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
         chat_template,
         sliding_window,
         fingerprint: header.fingerprint.clone(),
+        placement: super::placement::Placement::default(),
+        fim: super::FimTokens {
+            pre: opt_token(vocab.fim_pre()),
+            suf: opt_token(vocab.fim_suf()),
+            mid: opt_token(vocab.fim_mid()),
+            pad: opt_token(vocab.fim_pad()),
+            rep: opt_token(vocab.fim_rep()),
+            sep: opt_token(vocab.fim_sep()),
+        },
     }
 }
 
@@ -230,6 +620,24 @@ impl Vocab for LlamaModelHandle {
     ) -> Result<(), SamplingError> {
         build_grammar(&self.model, constraint, bounds).map(|_| ())
     }
+
+    // As llama-server's format_prompt_rerank reads the model.
+    fn rerank_format(&self) -> super::RerankFormat {
+        let v = self.model.vocab();
+        let real = |t: LlamaToken| (t.0 >= 0).then_some(t.0);
+        let eos = real(v.eos()).or(real(v.sep()));
+        super::RerankFormat {
+            // Read as metadata: llama-cpp-2's `chat_template(Some(name))`
+            // passes a pointer to a name it has already freed.
+            template: self
+                .model
+                .meta_val_str("tokenizer.chat_template.rerank")
+                .ok(),
+            bos: real(v.bos()).filter(|_| v.should_add_bos()),
+            eos: eos.filter(|_| v.should_add_eos()),
+            sep: real(v.sep()).filter(|_| v.should_add_sep()),
+        }
+    }
 }
 
 /// A llama.cpp context with its batch: the engine thread's half of a model.
@@ -259,25 +667,24 @@ impl std::fmt::Debug for LlamaRuntime {
     }
 }
 
-impl LlamaRuntime {
-    /// Creates a context for the model with `n_seq_max` KV sequences on one
-    /// unified KV cache.
-    pub fn new(
-        model: Arc<LlamaModelHandle>,
-        config: &NativeRuntimeConfig,
-        n_seq_max: u32,
-    ) -> Result<Self, RuntimeError> {
-        let backend = backend()?;
+/// A context's parameters and the sizes the runtime keeps from them; the
+/// same for the fitting before a load and for the context itself.
+struct ContextPlan {
+    params: LlamaContextParams,
+    n_ctx: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    pooling: Option<Pooling>,
+}
+
+impl ContextPlan {
+    fn new(config: &NativeRuntimeConfig, shape: &ContextShape, n_seq_max: u32) -> Self {
         let ctx_cfg = &config.context;
-        let n_ctx = ctx_cfg.resolved_n_ctx(model.info.n_ctx_train);
-        let encoder_only = model.info.has_encoder && !model.info.has_decoder;
+        let n_ctx = ctx_cfg.resolved_n_ctx(shape.n_ctx_train);
+        let encoder_only = shape.encoder_only;
         let embeddings = ctx_cfg.embeddings || encoder_only;
-        let pooling = embeddings.then(|| {
-            ctx_cfg
-                .pooling
-                .or(model.info.pooling)
-                .unwrap_or(Pooling::Mean)
-        });
+        let pooling =
+            embeddings.then(|| ctx_cfg.pooling.or(shape.pooling).unwrap_or(Pooling::Mean));
         // A non-causal encoder sees a whole input in one micro-batch.
         let (mut n_batch, mut n_ubatch) = if encoder_only {
             (ctx_cfg.n_batch, ctx_cfg.n_batch)
@@ -309,6 +716,7 @@ impl LlamaRuntime {
             // context); encoders keep no KV and batch sequences as separate streams.
             .with_kv_unified(!encoder_only)
             .with_flash_attention_policy(fa)
+            .with_offload_kqv(config.placement.kv_offload)
             .with_embeddings(embeddings);
         if let Some(p) = pooling {
             params = params.with_pooling_type(match p {
@@ -319,12 +727,62 @@ impl LlamaRuntime {
                 Pooling::Rank => LlamaPoolingType::Rank,
             });
         }
+        Self {
+            params,
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            pooling,
+        }
+    }
+}
+
+impl LlamaRuntime {
+    /// Creates a context for the model with `n_seq_max` KV sequences on one
+    /// unified KV cache.
+    pub fn new(
+        model: Arc<LlamaModelHandle>,
+        config: &NativeRuntimeConfig,
+        n_seq_max: u32,
+    ) -> Result<Self, RuntimeError> {
+        let backend = backend()?;
+        let shape = ContextShape {
+            n_ctx_train: model.info.n_ctx_train,
+            encoder_only: model.info.has_encoder && !model.info.has_decoder,
+            pooling: model.info.pooling,
+        };
+        let ContextPlan {
+            params,
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            pooling,
+        } = ContextPlan::new(config, &shape, n_seq_max);
+        let _serial = load_lock();
         // SAFETY: the context and batch only borrow the model; `model` (an Arc)
         // is stored in the same struct and dropped after both (field order).
         let model_ref: &'static LlamaModel = unsafe { &*std::ptr::from_ref(&model.model) };
         let ctx = model_ref.new_context(backend, params).map_err(|e| {
             RuntimeError::Context(format!("{e} (n_ctx {n_ctx}, n_seq_max {n_seq_max})"))
         })?;
+        let m = &model.model;
+        // K and V in f16 for every cell of every layer (llama.cpp's default types).
+        let kv_bytes = u64::from(n_ctx)
+            * u64::from(m.n_layer())
+            * 2
+            * u64::from(m.n_head_kv())
+            * (m.n_embd().max(0) as u64 / u64::from(m.n_head().max(1)))
+            * 2;
+        tracing::info!(
+            model = %model.info.path,
+            "context: {n_ctx} tokens over {n_seq_max} sequences; KV cache about {} MiB {}",
+            kv_bytes >> 20,
+            if model.info.placement.kv_offload && model.info.placement.offloaded_layers > 0 {
+                format!("on {}", model.info.placement.devices.join(", "))
+            } else {
+                "in host memory".to_string()
+            }
+        );
         let batch = LlamaBatch::new(n_batch as usize, 1);
         let rt = Self {
             batch,

@@ -10,6 +10,7 @@ pub mod fake;
 pub mod gguf;
 #[cfg(feature = "llama")]
 pub mod llama;
+pub mod placement;
 #[cfg(feature = "llama")]
 pub mod rpc;
 
@@ -49,6 +50,52 @@ impl Pooling {
             Pooling::Last => "last",
             Pooling::Rank => "rank",
         }
+    }
+}
+
+/// How a reranker's (query, document) pair becomes tokens, read from the
+/// model as llama-server's `format_prompt_rerank` reads it: the GGUF's
+/// `tokenizer.chat_template.rerank` when it has one, else
+/// `[BOS] query [EOS] [SEP] document [EOS]` with each special token only where
+/// the tokenizer adds it (BERT: `[CLS] query [SEP] document`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RerankFormat {
+    /// `tokenizer.chat_template.rerank`, with `{query}` and `{document}`.
+    pub template: Option<String>,
+    /// BOS, when the tokenizer adds it.
+    pub bos: Option<Token>,
+    /// EOS (SEP when the model has no EOS), when the tokenizer adds EOS.
+    pub eos: Option<Token>,
+    /// SEP, when the tokenizer adds it.
+    pub sep: Option<Token>,
+}
+
+impl RerankFormat {
+    /// The tokens of one pair.
+    pub fn pair_tokens(
+        &self,
+        vocab: &dyn Vocab,
+        query: &str,
+        document: &str,
+    ) -> Result<Vec<Token>, RuntimeError> {
+        if let Some(t) = &self.template {
+            let text = t.replace("{query}", query).replace("{document}", document);
+            return vocab.tokenize(&text, false, true);
+        }
+        let words = |s: &str| -> Result<Vec<Token>, RuntimeError> {
+            if s.is_empty() {
+                Ok(Vec::new())
+            } else {
+                vocab.tokenize(s, false, false)
+            }
+        };
+        let mut out: Vec<Token> = self.bos.into_iter().collect();
+        out.extend(words(query)?);
+        out.extend(self.eos);
+        out.extend(self.sep);
+        out.extend(words(document)?);
+        out.extend(self.eos);
+        Ok(out)
     }
 }
 
@@ -102,6 +149,44 @@ pub struct ModelInfo {
     /// A stable identity of the weights (file size and a hash of the header),
     /// used to refuse KV snapshots from another model.
     pub fingerprint: String,
+    /// Where the layers went (devices, offloaded layer count).
+    pub placement: placement::Placement,
+    /// Fill-in-the-middle tokens, as llama.cpp's vocabulary reports them
+    /// (from `tokenizer.ggml.fim_*_token_id` or found by their text).
+    pub fim: FimTokens,
+}
+
+/// Fill-in-the-middle tokens of a vocabulary (`None` where it has none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FimTokens {
+    /// Before the prefix.
+    pub pre: Option<Token>,
+    /// Before the suffix.
+    pub suf: Option<Token>,
+    /// Before the middle (generated) part.
+    pub mid: Option<Token>,
+    /// Padding.
+    pub pad: Option<Token>,
+    /// Repository name.
+    pub rep: Option<Token>,
+    /// File separator.
+    pub sep: Option<Token>,
+}
+
+impl FimTokens {
+    /// The names of the tokens infill needs (prefix, suffix, middle) that the
+    /// vocabulary lacks; empty when infill is possible.
+    pub fn missing(&self) -> Vec<&'static str> {
+        [
+            ("prefix", self.pre),
+            ("suffix", self.suf),
+            ("middle", self.mid),
+        ]
+        .into_iter()
+        .filter(|(_, t)| t.is_none())
+        .map(|(n, _)| n)
+        .collect()
+    }
 }
 
 impl ModelInfo {
@@ -139,6 +224,10 @@ pub enum RuntimeError {
     /// llama.cpp failed to create a context.
     #[error("failed to create a context: {0}")]
     Context(String),
+    /// The placement cannot work on this machine: a GPU that does not exist,
+    /// or a model and context that do not fit (llama.cpp's fitting said so).
+    #[error("bad placement: {0}")]
+    Placement(String),
     /// Tokenization failed.
     #[error("tokenization failed: {0}")]
     Tokenize(String),
@@ -195,6 +284,15 @@ pub trait Vocab: Send + Sync {
     }
     /// Whether the token ends generation (EOS, EOT and the like).
     fn is_eog(&self, token: Token) -> bool;
+    /// How a reranker's (query, document) pair is tokenized. The default:
+    /// BOS where the tokenizer adds it, nothing else.
+    fn rerank_format(&self) -> RerankFormat {
+        let info = self.info();
+        RerankFormat {
+            bos: info.bos.filter(|_| info.add_bos),
+            ..RerankFormat::default()
+        }
+    }
     /// Checks that a grammar or schema can be built, without a context.
     fn check_constraint(
         &self,

@@ -83,6 +83,51 @@ pub fn assert_same_up_to_near_tie(
     Some(gap)
 }
 
+/// Prompts of different kinds, for comparing two ways of computing the same
+/// model (placements, backends, batchings).
+pub const PROMPTS: [&str; 10] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "1, 2, 3, 4, 5,",
+    "The quick brown fox",
+    "Water boils at",
+    "My favourite book is",
+    "In 1969, the first",
+];
+
+/// Greedy output of `other` against `reference` on each prompt (`n` tokens),
+/// under the near-tie rule ([`assert_same_up_to_near_tie`]); prints both
+/// texts and returns how many prompts diverged (each at a near-tie).
+pub fn compare_greedy(
+    reference: &Engine,
+    other: &Engine,
+    prompts: &[&str],
+    n: u32,
+    near_tie: f32,
+) -> usize {
+    let mut diverged = 0;
+    for &p in prompts {
+        let (a, b) = (run(reference, p, n), run(other, p, n));
+        assert!(!b.tokens.is_empty(), "{p}: no tokens");
+        eprintln!(
+            "{p:?}\n  reference: {:?}\n  other:     {:?}",
+            a.text, b.text
+        );
+        if let Some(gap) = assert_same_up_to_near_tie(&a, &b, near_tie, p) {
+            diverged += 1;
+            eprintln!("  diverged at a near-tie (gap {gap:.3})");
+        }
+    }
+    eprintln!(
+        "{diverged} of {} prompts diverged at near-ties",
+        prompts.len()
+    );
+    diverged
+}
+
 /// This crate's folder. `cargo test` sets `CARGO_MANIFEST_DIR` when it runs a
 /// test; read at run time it names the checkout being tested even when the
 /// binary was compiled from another checkout into a shared target directory.
