@@ -11,7 +11,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use common::Server;
@@ -50,28 +49,10 @@ fn bodies() -> Vec<Value> {
     ]
 }
 
-fn python() -> String {
-    std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
 /// The FIM copy of the default model, made once and cached with the models.
 fn tiny_fim() -> PathBuf {
     let src = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model fetched");
-    let out = sipp::models::cache_dir().join("smollm2-tiny-fim.gguf");
-    if !out.exists() {
-        let made = Command::new(python())
-            .arg(common::manifest_dir().join("../../scripts/tiny_fim.py"))
-            .arg(&src)
-            .arg(&out)
-            .output()
-            .expect("python runs");
-        assert!(
-            made.status.success(),
-            "tiny_fim.py failed (scripts/test.sh installs gguf into SIPP_PYTHON's venv): {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
-    out
+    common::tiny_model("smollm2-tiny-fim.gguf", "tiny_fim.py", &src, &[])
 }
 
 fn post(c: &Client, url: &str, body: &Value) -> (u16, Value) {

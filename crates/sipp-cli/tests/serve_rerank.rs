@@ -39,10 +39,6 @@ const DOCUMENTS: [&str; 10] = [
     "",
 ];
 
-fn python() -> String {
-    std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
 fn script(name: &str) -> PathBuf {
     common::manifest_dir().join("../../scripts").join(name)
 }
@@ -56,29 +52,15 @@ fn tiny_reranker(template: bool) -> PathBuf {
     } else {
         "minilm-tiny-reranker-seed7.gguf"
     };
-    let out = sipp::models::cache_dir().join(name);
-    if !out.exists() {
-        let made = Command::new(python())
-            .arg(script("tiny_reranker.py"))
-            .arg(&minilm)
-            .arg(&out)
-            .args(["--seed", "7"])
-            .args(template.then_some("--rerank-template"))
-            .output()
-            .expect("python runs");
-        assert!(
-            made.status.success(),
-            "tiny_reranker.py failed (scripts/test.sh installs gguf into SIPP_PYTHON's venv): {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
-    out
+    let mut args = vec!["--seed", "7"];
+    args.extend(template.then_some("--rerank-template"));
+    common::tiny_model(name, "tiny_reranker.py", &minilm, &args)
 }
 
 /// The numpy reference: one score per (query, document), queries in order.
 fn numpy_scores(model: &Path) -> (Vec<f64>, Vec<usize>) {
     let ckpt = sipp::models::checkpoint_dir(&sipp::models::MINILM);
-    let mut child = Command::new(python())
+    let mut child = Command::new(common::python())
         .arg(script("rerank_reference.py"))
         .arg(&ckpt)
         .arg(model)
@@ -373,5 +355,33 @@ fn rerank_matches_the_references_and_honours_its_fields() {
             .is_some_and(|m| m.contains("rank pooling") && m.contains("mean")),
         "{v}"
     );
+    drop(s);
+
+    // llama-server's flag: `--reranking` serves the same file with rank
+    // pooling, and the scores are the config's.
+    let flagged = Server::start(&["--model", plain.to_str().expect("utf8"), "--reranking"]);
+    let (status, v) = post(
+        &c,
+        &flagged.url("/v1/rerank"),
+        &json!({"query": QUERIES[0], "documents": DOCUMENTS}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let flag_scores: Vec<f64> = (0..n)
+        .map(|i| {
+            let r = v["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .find(|r| r["index"] == i)
+                .expect("each document scored");
+            r["relevance_score"].as_f64().expect("score")
+        })
+        .collect();
+    for (i, (a, b)) in flag_scores.iter().zip(&sipp_scores[0]).enumerate() {
+        assert!(
+            (a - b).abs() < TOLERANCE,
+            "document {i}: {a} by flag, {b} by config"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

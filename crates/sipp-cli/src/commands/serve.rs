@@ -44,6 +44,14 @@ pub struct ServeArgs {
     /// Compute embeddings (for /v1/embeddings on a generation model).
     #[arg(long)]
     pub embeddings: bool,
+    /// Pooling of embeddings (llama-server's `--pooling`); `rank` serves a
+    /// cross-encoder for /v1/rerank.
+    #[arg(long, value_enum)]
+    pub pooling: Option<crate::commands::embed::PoolingArg>,
+    /// Serve a reranker: embeddings with rank pooling (llama-server's
+    /// `--reranking`, the same as `--embeddings --pooling rank`).
+    #[arg(long, visible_alias = "rerank")]
+    pub reranking: bool,
     /// Seconds in-flight requests get at shutdown.
     #[arg(long = "shutdown-grace")]
     pub shutdown_grace: Option<u64>,
@@ -157,8 +165,14 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
         if let Some(q) = args.max_queue {
             t.runtime.scheduler.max_queued_requests = q;
         }
-        if args.embeddings {
+        if args.embeddings || args.reranking {
             t.runtime.context.embeddings = true;
+        }
+        if let Some(p) = args.pooling {
+            t.runtime.context.pooling = Some(p.into());
+        }
+        if args.reranking {
+            t.runtime.context.pooling = Some(sipp::runtime::Pooling::Rank);
         }
         if !args.rpc.is_empty() && t.provider.is_none() {
             t.runtime.placement.rpc = args.rpc.clone();

@@ -299,3 +299,35 @@ impl Drop for LlamaServer {
         let _ = self.child.wait();
     }
 }
+
+/// The Python that runs the repository's scripts (`SIPP_PYTHON`, the venv
+/// `scripts/test.sh` makes, else `python3`).
+pub fn python() -> String {
+    std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// A tiny test model in the model cache, named `name`, written on first use
+/// by `scripts/SCRIPT SRC OUT ARGS...` (a generator using the `gguf` package).
+pub fn tiny_model(
+    name: &str,
+    script: &str,
+    src: &std::path::Path,
+    args: &[&str],
+) -> std::path::PathBuf {
+    let out = sipp::models::cache_dir().join(name);
+    if !out.exists() {
+        let made = Command::new(python())
+            .arg(manifest_dir().join("../../scripts").join(script))
+            .arg(src)
+            .arg(&out)
+            .args(args)
+            .output()
+            .expect("python runs");
+        assert!(
+            made.status.success(),
+            "{script} failed (scripts/test.sh installs gguf into SIPP_PYTHON's venv): {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    out
+}
