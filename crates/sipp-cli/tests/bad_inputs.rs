@@ -549,6 +549,22 @@ fn catalogue() -> Vec<Case> {
             expect: "method",
         });
     }
+    v.push(Case {
+        name: "slots of an unknown model",
+        method: "GET",
+        path: "/slots?model=no-such-model",
+        body: Vec::new(),
+        status: 404,
+        expect: "model",
+    });
+    v.push(Case {
+        name: "slots: wrong method",
+        method: "POST",
+        path: "/slots",
+        body: Vec::new(),
+        status: 405,
+        expect: "method",
+    });
     let mut invalid_utf8 = br#"{"prompt": ""#.to_vec();
     invalid_utf8.extend_from_slice(&[0xff, 0xfe, 0xc3]);
     invalid_utf8.extend_from_slice(br#""}"#);

@@ -85,7 +85,52 @@ fn the_worker_contract_routers_read() {
             && v[0]["num_tokens"].as_i64().is_some_and(|n| n > 0)
     }));
     assert_eq!(get(&c, &s, "/get_load?format=vllm").1, json!({"load": 1}));
+    // /slots (llama-server's): one slot busy with the request, one idle.
+    let (st, slots) = get(&c, &s, "/slots");
+    assert_eq!(st, 200, "{slots}");
+    let slots = slots.as_array().expect("a list").clone();
+    assert_eq!(slots.len(), 2, "{slots:?}");
+    let busy: Vec<&Value> = slots
+        .iter()
+        .filter(|v| v["is_processing"] == true)
+        .collect();
+    assert_eq!(busy.len(), 1, "{slots:?}");
+    assert!(
+        busy[0]["id_task"].as_i64().is_some_and(|t| t >= 0),
+        "{slots:?}"
+    );
+    assert!(
+        busy[0]["n_prompt_tokens"].as_u64().is_some_and(|n| n > 0),
+        "{slots:?}"
+    );
+    assert_ne!(busy[0]["phase"], "Idle", "{slots:?}");
+    let idle = slots
+        .iter()
+        .find(|v| v["is_processing"] == false)
+        .expect("an idle slot");
+    assert_eq!(
+        (&idle["id_task"], &idle["phase"]),
+        (&json!(-1), &json!("Idle"))
+    );
+    assert_eq!(slots[0]["n_ctx"], n_ctx);
+    let (st, v) = get(&c, &s, "/slots?model=nope");
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (404, Some("model")),
+        "{v}"
+    );
     assert_eq!(long.join().expect("joins").expect("sent"), 200);
+    // The slot is free once the request ended (views are published per step).
+    let all_idle = || {
+        get(&c, &s, "/slots")
+            .1
+            .as_array()
+            .is_some_and(|a| a.iter().all(|v| v["is_processing"] == false))
+    };
+    assert!(
+        eventually(Duration::from_secs(10), all_idle),
+        "a slot stayed busy"
+    );
 
     // /tokenize: llama-server's content, vLLM's prompt and messages.
     let (st, by_content) = post(&c, &s, "/tokenize", json!({"content": "hello world"}));

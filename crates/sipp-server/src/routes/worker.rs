@@ -138,6 +138,67 @@ pub async fn get_load(
     })
 }
 
+/// `?model=ID` on GET /slots (default: the default target).
+#[derive(Debug, Default, Deserialize)]
+pub struct SlotsQuery {
+    model: Option<String>,
+}
+
+/// One slot in GET /slots: llama-server's fields where sipp has them, and
+/// the slot's phase.
+#[derive(Debug, Serialize)]
+pub struct SlotState {
+    /// Slot index.
+    pub id: usize,
+    /// The request it serves (-1 when idle, as llama-server's `id_task`).
+    pub id_task: i64,
+    /// The context (KV cells) every slot shares.
+    pub n_ctx: u32,
+    /// Whether it holds a request.
+    pub is_processing: bool,
+    /// `Idle`, `Admitted`, `Prefill`, `Decode`, ...
+    pub phase: sipp::scheduler::SlotPhase,
+    /// Prompt tokens of its request.
+    pub n_prompt_tokens: usize,
+    /// Of them, reused from the KV cache.
+    pub n_prompt_tokens_cache: usize,
+    /// Tokens generated so far.
+    pub n_decoded: usize,
+}
+
+/// GET /slots (llama-server's): each slot of a local model, what it is doing
+/// and its token counts (no request content).
+pub async fn slots(
+    State(state): State<AppState>,
+    Query(q): Query<SlotsQuery>,
+) -> Result<Json<Vec<SlotState>>, ApiError> {
+    let (_, target) = state.target(q.model.as_deref())?;
+    let Target::Local(engine) = target else {
+        return Err(ApiError::bad_field(
+            "model",
+            "/slots describes local models only (this target is a provider)",
+        ));
+    };
+    let n_ctx = engine.info().n_ctx;
+    Ok(Json(
+        engine
+            .slot_views()
+            .into_iter()
+            .enumerate()
+            .map(|(id, v)| SlotState {
+                id,
+                id_task: v.request_id.map_or(-1, |r| r as i64),
+                n_ctx,
+                is_processing: v.phase.is_busy(),
+                phase: v.phase,
+                n_prompt_tokens: v.prompt_tokens,
+                n_prompt_tokens_cache: v.cached_tokens,
+                n_decoded: v.generated_tokens,
+            })
+            .collect(),
+    ))
+}
+
 /// What a render endpoint answers per prompt: vLLM's generate request shape,
 /// whose `token_ids` routers hash for prefix-aware placement.
 #[derive(Debug, Serialize)]
