@@ -283,8 +283,15 @@ def sticky_and_failover(kind):
             futures = [pool.submit(chat, router.url, k, q, q % 2 == 0, 24) for k, q in jobs]
             wait_for("the victim to hold requests",
                      lambda: victim.counters()["sipp_busy_slots"] > 0, timeout=30)
-            c = victim.counters()
-            held = c["sipp_busy_slots"] + c["sipp_queue_depth"]
+            # The router may still be forwarding requests to the victim when
+            # its first slot fills: count what it holds once that number has
+            # stayed the same for three reads 100 ms apart.
+            seen = []
+            while (len(seen) < 3 or len(set(seen[-3:])) > 1) and len(seen) < 30:
+                c = victim.counters()
+                seen.append(c["sipp_busy_slots"] + c["sipp_queue_depth"])
+                time.sleep(0.1)
+            held = seen[-1]
             victim.kill()
             results = [f.result() for f in futures]
         failed = sum(1 for st, _ in results if st != 200)
