@@ -160,7 +160,8 @@ try:
     assert not d.find_elements(By.CSS_SELECTOR, f'.target[data-target="{MODEL}"] .slot:not([data-phase="Idle"])')
 
     def background():
-        body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}).encode()
+        # ignore_eos: the slot stays busy for all 400 tokens whatever the model writes.
+        body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode()
         req = urllib.request.Request(BASE + "/v1/completions", data=body, headers={"Authorization": "Bearer " + ADMIN, "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
             while r.read(256):
