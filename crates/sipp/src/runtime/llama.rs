@@ -320,14 +320,10 @@ fn check_kv_buffers(
         .resolved_n_ctx(header_u32(header, "context_length"));
     // f16 K cells, llama.cpp's default cache type.
     let layer_k = u64::from(n_ctx) * u64::from(n_head_kv) * u64::from(head_dim) * 2;
-    let holding: Vec<&Device> = match config.placement.split_mode {
-        SplitMode::None => gpus
-            .get(config.placement.main_gpu as usize)
-            .into_iter()
-            .collect(),
-        _ => gpus.iter().collect(),
-    };
-    if let Some(d) = holding.iter().find(|d| layer_k > d.max_buffer) {
+    if let Some(d) = holding_devices(&config.placement, gpus)
+        .into_iter()
+        .find(|d| layer_k > d.max_buffer)
+    {
         return Err(RuntimeError::Placement(format!(
             "a context of {n_ctx} tokens needs {} MiB for each layer's K cache, which does not fit \
              in one buffer of {} (at most {} MiB); lower the context size or keep the KV cache \
@@ -404,6 +400,23 @@ fn fit(
     }
 }
 
+/// The GPUs that take layers (and their KV): `main_gpu` alone with
+/// `split_mode = "none"`, else every GPU with a share of the tensor split
+/// (all of them without one).
+fn holding_devices<'a>(placement: &PlacementConfig, gpus: &'a [Device]) -> Vec<&'a Device> {
+    if placement.split_mode == SplitMode::None {
+        gpus.get(placement.main_gpu as usize).into_iter().collect()
+    } else if placement.tensor_split.is_empty() {
+        gpus.iter().collect()
+    } else {
+        gpus.iter()
+            .zip(&placement.tensor_split)
+            .filter(|(_, share)| **share > 0.0)
+            .map(|(d, _)| d)
+            .collect()
+    }
+}
+
 /// What the model got: the devices holding its offloaded layers.
 fn placed(
     placement: &PlacementConfig,
@@ -414,20 +427,7 @@ fn placed(
     if layers == 0 || gpus.is_empty() {
         return super::placement::Placement::cpu(total_layers);
     }
-    let holding: Vec<&Device> = if placement.split_mode == SplitMode::None {
-        gpus.iter()
-            .skip(placement.main_gpu as usize)
-            .take(1)
-            .collect()
-    } else if placement.tensor_split.is_empty() {
-        gpus.iter().collect()
-    } else {
-        gpus.iter()
-            .zip(&placement.tensor_split)
-            .filter(|(_, share)| **share > 0.0)
-            .map(|(d, _)| d)
-            .collect()
-    };
+    let holding = holding_devices(placement, gpus);
     let mut backends: Vec<&str> = holding.iter().map(|d| d.backend.as_str()).collect();
     backends.dedup();
     super::placement::Placement {
