@@ -111,6 +111,58 @@ pub struct ModelArgs {
     pub rpc: Vec<String>,
     #[command(flatten)]
     pub placement: PlacementArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
+}
+
+/// LoRA adapters loaded with the model (llama-server's flags); they come
+/// after the config's `[[lora]]` adapters, in flag order (ids follow).
+#[derive(Args, Debug, Clone, Default)]
+pub struct LoraArgs {
+    /// A LoRA adapter (GGUF) applied at scale 1; comma-separated for several.
+    #[arg(long = "lora", value_name = "FNAME", value_delimiter = ',')]
+    pub lora: Vec<PathBuf>,
+    /// LoRA adapters with their scales, as FNAME:SCALE[,FNAME:SCALE...].
+    #[arg(long = "lora-scaled", value_name = "FNAME:SCALE", value_delimiter = ',',
+          value_parser = parse_lora_scaled)]
+    pub lora_scaled: Vec<(PathBuf, f32)>,
+    /// Load the adapters without applying them to requests that choose none
+    /// (apply later with POST /lora-adapters, or per request).
+    #[arg(long = "lora-init-without-apply")]
+    pub lora_init_without_apply: bool,
+}
+
+fn parse_lora_scaled(s: &str) -> Result<(PathBuf, f32), String> {
+    let (path, scale) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("expected FNAME:SCALE, got `{s}`"))?;
+    let scale: f32 = scale
+        .trim()
+        .parse()
+        .ok()
+        .filter(|v: &f32| v.is_finite())
+        .ok_or_else(|| format!("the scale in `{s}` is not a finite number"))?;
+    Ok((PathBuf::from(path), scale))
+}
+
+impl LoraArgs {
+    /// Adds the flags' adapters to a runtime config.
+    pub fn apply(&self, cfg: &mut NativeRuntimeConfig) {
+        let flagged = self
+            .lora
+            .iter()
+            .map(|p| (p.clone(), 1.0))
+            .chain(self.lora_scaled.iter().cloned());
+        for (path, scale) in flagged {
+            cfg.lora
+                .push(sipp::config::LoraAdapterConfig::new(path, scale));
+        }
+        if self.lora_init_without_apply {
+            for l in &mut cfg.lora {
+                l.apply = false;
+            }
+        }
+    }
 }
 
 /// Where the layers go (llama-server's flags); each overrides the config's
@@ -244,6 +296,7 @@ impl ModelArgs {
             cfg.speculative.n_max = n;
         }
         self.placement.apply(&mut cfg);
+        self.lora.apply(&mut cfg);
         Ok(cfg)
     }
 }

@@ -265,7 +265,11 @@ impl ServeConfig {
                 }
                 _ => {}
             }
-            for id in std::iter::once(&m.id).chain(&m.aliases) {
+            let adapter_aliases = m.runtime.lora.iter().flat_map(|l| &l.aliases);
+            for id in std::iter::once(&m.id)
+                .chain(&m.aliases)
+                .chain(adapter_aliases)
+            {
                 if !seen.insert(id.clone()) {
                     return Err(format!("model id `{id}` is used twice"));
                 }

@@ -200,6 +200,8 @@ struct EngineRead {
     alive: bool,
     n_ctx: u32,
     placement: sipp::runtime::placement::Placement,
+    /// Each LoRA adapter's name and the requests that ran with it.
+    lora: Vec<(String, u64)>,
 }
 
 /// One gauge family per series, a row per engine labelled `label = id`.
@@ -335,6 +337,12 @@ impl Collector for EngineCollector {
                     .filter_map(|(id, s)| match s {
                         TargetState::Ready(Target::Local(e)) => Some(EngineRead {
                             id: id.clone(),
+                            lora: e
+                                .lora_adapters()
+                                .into_iter()
+                                .map(|a| a.info.name)
+                                .zip(e.lora_request_counts())
+                                .collect(),
                             m: e.metrics(),
                             alive: e.is_alive(),
                             n_ctx: e.info().n_ctx,
@@ -445,6 +453,23 @@ impl Collector for EngineCollector {
                 outcomes.push((l, ConstCounter::new(v)));
             }
         }
+        let lora: Vec<(Labels, ConstCounter<u64>)> = snapshots
+            .iter()
+            .flat_map(|e| {
+                e.lora.iter().map(|(name, n)| {
+                    let mut l = model(&e.id);
+                    l.push(("adapter".into(), name.clone()));
+                    (l, ConstCounter::new(*n))
+                })
+            })
+            .collect();
+        family(
+            &mut encoder,
+            "sipp_lora_requests",
+            "Requests that ran with each LoRA adapter",
+            &lora,
+            C,
+        )?;
         family(
             &mut encoder,
             "sipp_requests_finished",

@@ -117,6 +117,12 @@ impl AppState {
             for a in &m.aliases {
                 aliases.insert(a.clone(), m.id.clone());
             }
+            // An adapter's alias names `TARGET:ADAPTER`.
+            for l in &m.runtime.lora {
+                for a in &l.aliases {
+                    aliases.insert(a.clone(), format!("{}:{}", m.id, l.resolved_name()));
+                }
+            }
         }
         let default_model = config
             .models
@@ -187,6 +193,52 @@ impl AppState {
         })
     }
 
+    /// `TARGET:ADAPTER`: the local target with one of its LoRA adapters
+    /// selected for every request that chooses none itself.
+    fn with_adapter(
+        &self,
+        base: &str,
+        adapter: &str,
+        requested: &str,
+    ) -> Result<(String, Target), ApiError> {
+        let known = self
+            .targets
+            .read()
+            .map(|t| t.contains_key(self.named(Some(base)).1))
+            .unwrap_or(false);
+        if !known {
+            return Err(ApiError::unknown_model(requested));
+        }
+        let (id, target) = self.resolve(Some(base))?;
+        let Target::Local(engine) = target else {
+            return Err(ApiError::bad_field(
+                "model",
+                format!("`{requested}`: the model `{id}` is a remote provider, which has no LoRA adapters"),
+            ));
+        };
+        match engine.with_adapter(adapter) {
+            Some(e) => Ok((id, Target::Local(e))),
+            None => {
+                let names: Vec<String> = engine
+                    .lora_adapters()
+                    .into_iter()
+                    .map(|a| a.info.name)
+                    .collect();
+                Err(ApiError::bad_field(
+                    "model",
+                    if names.is_empty() {
+                        format!("`{requested}`: the model `{id}` has no LoRA adapters")
+                    } else {
+                        format!(
+                            "`{requested}`: the model `{id}` has no LoRA adapter `{adapter}` (it has {})",
+                            names.join(", ")
+                        )
+                    },
+                ))
+            }
+        }
+    }
+
     /// Whether the request being handled may use the target `id`.
     pub fn caller_may_use(&self, id: &str) -> bool {
         crate::policy::current().is_none_or(|c| c.may_use(id))
@@ -205,7 +257,13 @@ impl AppState {
             .read()
             .map_err(|_| ApiError::unavailable("server state is poisoned"))?;
         match targets.get(id) {
-            None => Err(ApiError::unknown_model(requested)),
+            None => match id.rsplit_once(':') {
+                Some((base, adapter)) => {
+                    drop(targets);
+                    self.with_adapter(base, adapter, requested)
+                }
+                None => Err(ApiError::unknown_model(requested)),
+            },
             Some(TargetState::Loading) => Err(ApiError::loading(id)),
             Some(TargetState::Failed(e)) => Err(ApiError::unavailable(format!(
                 "the model `{id}` failed to load: {e}"

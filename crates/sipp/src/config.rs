@@ -42,7 +42,72 @@ pub struct NativeRuntimeConfig {
     pub observability: ObservabilityConfig,
     /// Speculative decoding (drafted tokens verified in the step's batch).
     pub speculative: SpeculativeConfig,
+    /// LoRA adapters loaded with the model (`[[lora]]`), in id order.
+    pub lora: Vec<LoraAdapterConfig>,
 }
+
+/// A LoRA adapter (GGUF) loaded with the model. Its id is its place in the
+/// list. Requests choose adapters with `lora: [{"id", "scale"}]`, or by
+/// naming the model `TARGET:NAME`; requests that choose none get every
+/// adapter at its global scale (`GET`/`POST /lora-adapters`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraAdapterConfig {
+    /// The adapter's GGUF file (made for this model's architecture).
+    pub path: PathBuf,
+    /// The name that selects it as `model: "TARGET:NAME"`. Default: the
+    /// file name without `.gguf`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its scale when applied. Default 1.0.
+    #[serde(default = "one")]
+    pub scale: f32,
+    /// Apply it to requests that choose no adapters (its global scale starts
+    /// at `scale`, else at 0: llama-server's `--lora-init-without-apply`).
+    /// Default true.
+    #[serde(default = "yes")]
+    pub apply: bool,
+    /// Other model names that select it, as `TARGET:NAME` does (`sipp
+    /// serve`).
+    #[serde(default)]
+    pub aliases: Vec<String>,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl LoraAdapterConfig {
+    /// An adapter applied at `scale` (llama-server's `--lora-scaled`).
+    pub fn new(path: PathBuf, scale: f32) -> Self {
+        Self {
+            path,
+            name: None,
+            scale,
+            apply: true,
+            aliases: Vec::new(),
+        }
+    }
+
+    /// Its name: the configured one, else the file name without `.gguf`.
+    pub fn resolved_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            let file = self
+                .path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            file.strip_suffix(".gguf").unwrap_or(&file).to_string()
+        })
+    }
+}
+
+/// The most LoRA adapters one model loads.
+pub const MAX_LORA_ADAPTERS: usize = 64;
 
 /// Context, batch and thread sizes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -154,6 +219,21 @@ pub struct SchedulerConfig {
     /// `max_tokens` when a request gives none. 0 means "until the context is full".
     /// Default 0.
     pub default_max_tokens: u32,
+    /// How a step runs slots on different LoRA adapter sets (llama.cpp
+    /// applies adapters per context): `per_set`, one batch per set in every
+    /// step, or `rotate`, one set per step in turn (llama-server's way: the
+    /// other sets wait). Default `per_set` (see the README's LoRA figures).
+    pub mixed_adapters: MixedAdapters,
+}
+
+/// How a step runs slots on different LoRA adapter sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MixedAdapters {
+    /// Every set advances in every step: one llama.cpp batch per set.
+    PerSet,
+    /// One set per step, the sets in turn.
+    Rotate,
 }
 
 impl Default for SchedulerConfig {
@@ -164,6 +244,7 @@ impl Default for SchedulerConfig {
             prefill_chunk_size: 0,
             max_tokens_limit: 0,
             default_max_tokens: 0,
+            mixed_adapters: MixedAdapters::PerSet,
         }
     }
 }
@@ -640,6 +721,43 @@ impl NativeRuntimeConfig {
                 ),
             );
         }
+        self.validate_lora()
+    }
+
+    fn validate_lora(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| {
+            Err(ConfigError::Invalid {
+                field: "lora",
+                message,
+            })
+        };
+        if self.lora.len() > MAX_LORA_ADAPTERS {
+            return invalid(format!(
+                "at most {MAX_LORA_ADAPTERS} adapters, got {}",
+                self.lora.len()
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (id, a) in self.lora.iter().enumerate() {
+            let name = a.resolved_name();
+            if name.is_empty() || name.contains(':') || name.contains(char::is_whitespace) {
+                return invalid(format!(
+                    "adapter {id} ({}): a name is non-empty, without `:` or spaces, got {name:?}",
+                    a.path.display()
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return invalid(format!(
+                    "two adapters are named `{name}`: give one a `name`"
+                ));
+            }
+            if !a.scale.is_finite() {
+                return invalid(format!(
+                    "adapter `{name}`: scale must be finite, got {}",
+                    a.scale
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -647,6 +765,33 @@ impl NativeRuntimeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lora_adapters_parse_with_names_and_refuse_clashes() {
+        let cfg = NativeRuntimeConfig::from_toml(
+            "[scheduler]\nmixed_adapters = \"rotate\"\n[[lora]]\npath = \"/a/pirate.gguf\"\n[[lora]]\npath = \"/a/b.gguf\"\nname = \"formal\"\nscale = 0.5\napply = false\naliases = [\"smol-formal\"]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.scheduler.mixed_adapters, MixedAdapters::Rotate);
+        assert_eq!(cfg.lora[0].resolved_name(), "pirate");
+        assert_eq!((cfg.lora[0].scale, cfg.lora[0].apply), (1.0, true));
+        assert_eq!(cfg.lora[1].resolved_name(), "formal");
+        assert_eq!(cfg.lora[1].aliases, vec!["smol-formal".to_string()]);
+        cfg.validate().unwrap();
+        for (edit, why) in [
+            ((1, Some("pirate")), "named `pirate`"),
+            ((1, Some("a:b")), "without `:`"),
+        ] {
+            let mut c = cfg.clone();
+            c.lora[edit.0].name = edit.1.map(str::to_string);
+            let e = c.validate().expect_err(why).to_string();
+            assert!(e.contains("lora") && e.contains(why), "{e}");
+        }
+        let mut c = cfg.clone();
+        c.lora[0].scale = f32::NAN;
+        assert!(c.validate().is_err());
+        assert!(NativeRuntimeConfig::from_toml("[[lora]]\npath = \"x\"\nweight = 1\n").is_err());
+    }
 
     #[test]
     fn placement_parses_and_refuses_what_llama_cpp_would_abort_on() {

@@ -78,6 +78,8 @@ pub struct ServeArgs {
     pub supervised: bool,
     #[command(flatten)]
     pub placement: crate::common::PlacementArgs,
+    #[command(flatten)]
+    pub lora: crate::common::LoraArgs,
 }
 
 /// The effective configuration.
@@ -178,6 +180,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
             t.runtime.placement.rpc = args.rpc.clone();
         }
         args.placement.apply(&mut t.runtime);
+        if t.provider.is_none() {
+            args.lora.apply(&mut t.runtime);
+        }
     }
     cfg.child = args.supervised;
     cfg.validate().map_err(CliError::usage)?;

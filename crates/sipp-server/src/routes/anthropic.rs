@@ -250,6 +250,7 @@ fn local_source(
         top_p: req.top_p,
         top_k: req.top_k,
         stop: req.stop_sequences.clone().map(StopField::Many),
+        lora: req.lora.clone(),
         ..SamplingFields::default()
     };
     let names = FieldNames::new().rename("stop", "stop_sequences");
@@ -294,6 +295,9 @@ async fn remote_source(
         .map_err(|e| ApiError::bad_field(&e.field, e.message))?;
     if req.top_k.is_some() {
         return Err(remote_only_error("top_k"));
+    }
+    if req.lora.is_some() {
+        return Err(remote_only_error("lora"));
     }
     if matches!(req.thinking, Some(ThinkingConfig::Enabled { .. })) {
         return Err(remote_only_error("thinking"));

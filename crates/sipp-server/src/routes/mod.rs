@@ -3,6 +3,7 @@
 pub mod anthropic;
 pub mod dashboard;
 pub mod infill;
+pub mod lora;
 pub mod native;
 pub mod openai;
 pub mod ops;

@@ -142,15 +142,30 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelEntries> {
         .target_list()
         .into_iter()
         .filter(|(id, _)| state.caller_may_use(id))
-        .map(|(id, s)| ModelEntry {
-            card: ModelCard {
-                id,
-                object: "model".into(),
-                created: state.created,
-                owned_by: "sipp".into(),
-            },
-            status: ModelStatus::of(&s),
-            meta: ModelMeta::of(&s),
+        .flat_map(|(id, s)| {
+            // Each LoRA adapter of a ready local model is a model of its
+            // own to OpenAI clients: `ID:ADAPTER`.
+            let adapters: Vec<String> = match &s {
+                TargetState::Ready(crate::state::Target::Local(e)) => e
+                    .lora_adapters()
+                    .into_iter()
+                    .map(|a| format!("{id}:{}", a.info.name))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            std::iter::once(id)
+                .chain(adapters)
+                .map(|id| ModelEntry {
+                    card: ModelCard {
+                        id,
+                        object: "model".into(),
+                        created: state.created,
+                        owned_by: "sipp".into(),
+                    },
+                    status: ModelStatus::of(&s),
+                    meta: ModelMeta::of(&s),
+                })
+                .collect::<Vec<_>>()
         })
         .collect();
     Json(ModelEntries {

@@ -74,6 +74,7 @@ fn check_sampling(s: &oa::SamplingFields) -> Result<(), ApiError> {
         ("ignore_eos", s.ignore_eos.is_some()),
         ("grammar", s.grammar.is_some()),
         ("json_schema", s.json_schema.is_some()),
+        ("lora", s.lora.is_some()),
     ];
     match set.iter().find(|(_, on)| *on) {
         Some((name, _)) => Err(unsupported(name)),
@@ -484,6 +485,7 @@ fn native_options(o: &nv::TextOptions, stream: bool) -> Result<RequestOptions, A
         ("json_mode", o.json_mode.is_some()),
         ("logprobs", o.logprobs.is_some()),
         ("context_key", o.context_key.is_some()),
+        ("lora", o.lora.is_some()),
         ("sampling", o.sampling.is_some()),
     ];
     if let Some((name, _)) = local_only.iter().find(|(_, on)| *on) {

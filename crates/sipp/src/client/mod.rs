@@ -138,6 +138,9 @@ pub struct LocalOptions {
     pub repeatable: bool,
     /// Speculative decoding (`None`: the endpoint's setting).
     pub speculative: Option<crate::engine::SpeculativeRequest>,
+    /// LoRA adapters by id and scale, the others off (`None`: the
+    /// endpoint's choice; a model named `TARGET:ADAPTER` also chooses one).
+    pub lora: Option<Vec<crate::engine::LoraScale>>,
 }
 
 impl LocalOptions {
@@ -176,6 +179,9 @@ impl LocalOptions {
         }
         if self.speculative.is_some() {
             v.push("speculative");
+        }
+        if self.lora.is_some() {
+            v.push("lora");
         }
         v
     }
@@ -229,6 +235,7 @@ impl RequestOptions {
             cache_prompt: l.cache_prompt,
             repeatable: l.repeatable.then_some(true),
             speculative: l.speculative,
+            lora: l.lora.clone(),
             sampling: l.sampling.clone(),
         }
     }

@@ -59,6 +59,8 @@ impl<B: Backend> EngineCore<B> {
                 model_is_encoder: info.has_encoder && !info.has_decoder,
                 log_requests: config.observability.log_requests,
                 row_cost_ratio: config.speculative.row_cost_ratio,
+                rotate_adapters: config.scheduler.mixed_adapters
+                    == crate::config::MixedAdapters::Rotate,
             },
             vocab.clone(),
         );

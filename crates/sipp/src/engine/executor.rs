@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use super::metrics::EngineMetrics;
 use super::request::EngineError;
-use crate::runtime::{Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec};
+use crate::runtime::{
+    AdapterSet, Backend, BatchError, BatchRow, Pooling, SampleError, SamplerSpec,
+};
 use crate::sampling::{SamplerCacheKey, SamplerPool};
 use crate::scheduler::{
     BatchOutcome, BatchSpan, PrefillKind, ReadKind, Release, SampledToken, SamplerSetup, SpanKind,
@@ -98,7 +100,7 @@ impl<B: Backend> Executor<B> {
         let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
         self.metrics.batch_rows.fetch_add(rows as u64, Relaxed);
         let started = Instant::now();
-        let ran = self.run_batch(kv, plan.batch.kind, &spans, true);
+        let ran = self.run_by_adapters(kv, plan.batch.kind, &spans);
         // Only decode steps (every row a sampled or drafted token with
         // logits) measure what a draft row costs: prompt rows are cheaper.
         if spans.iter().all(|s| s.kind == SpanKind::Decode) {
@@ -119,6 +121,39 @@ impl<B: Backend> Executor<B> {
             None => BatchOutcome::NoKvSpace,
         };
         out
+    }
+
+    /// Runs the spans as one batch per LoRA adapter set (llama.cpp applies
+    /// adapters to the whole context), in the order the sets first appear.
+    /// `None`: no KV slot for the first batch; a later one that finds none
+    /// defers its spans to the next step.
+    fn run_by_adapters(
+        &mut self,
+        kv: &mut KvSessions,
+        kind: PrefillKind,
+        spans: &[&BatchSpan],
+    ) -> Option<Vec<SpanOutcome>> {
+        let mut groups: Vec<(&AdapterSet, Vec<&BatchSpan>)> = Vec::new();
+        for s in spans {
+            match groups.iter_mut().find(|(set, _)| **set == s.adapters) {
+                Some((_, g)) => g.push(s),
+                None => groups.push((&s.adapters, vec![s])),
+            }
+        }
+        let mut out = Vec::with_capacity(spans.len());
+        for (i, (set, group)) in groups.into_iter().enumerate() {
+            if let Err(e) = self.backend.set_adapters(set) {
+                out.extend(group.iter().map(|s| SpanOutcome {
+                    slot: s.slot,
+                    request_id: s.request_id,
+                    result: SpanResult::Failed(EngineError::Decode(e.to_string())),
+                    drafted: 0,
+                }));
+                continue;
+            }
+            out.extend(self.run_batch(kv, kind, &group, i == 0)?);
+        }
+        Some(out)
     }
 
     /// Runs spans as one batch; on a failure of several slots' rows, splits

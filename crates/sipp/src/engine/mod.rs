@@ -7,6 +7,7 @@
 mod core;
 mod drafter;
 mod executor;
+mod lora;
 mod metrics;
 mod prepare;
 mod request;
@@ -14,13 +15,14 @@ pub mod validate;
 
 pub use self::core::EngineCore;
 pub use executor::Executor;
+pub use lora::{LoraAdapterState, LoraTable};
 pub use metrics::{EngineMetrics, MetricsSnapshot, SlotView};
 pub use prepare::{EngineInfo, PreparedTurn, RequestPreparer, TemplateCaps};
 pub use request::{
     Completion, EmbedRequest, EmbeddingOutput, EngineError, EventSink, GenerateRequest,
-    GenerateSpec, PreparedKind, PreparedRequest, PromptInput, QueuePlace, ReasoningBudget,
-    ReasoningBudgetRequest, RequestEvent, RequestStats, Speculation, SpeculativeRequest, TextDelta,
-    TokenLogprobs, Usage,
+    GenerateSpec, LoraScale, PreparedKind, PreparedRequest, PromptInput, QueuePlace,
+    ReasoningBudget, ReasoningBudgetRequest, RequestEvent, RequestStats, Speculation,
+    SpeculativeRequest, TextDelta, TokenLogprobs, Usage,
 };
 pub use validate::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};
 
@@ -72,6 +74,9 @@ pub struct Engine {
     /// Charged with the tokens of every request submitted through this
     /// clone (see [`Engine::metered`]).
     meter: Option<Arc<dyn UsageMeter>>,
+    /// The LoRA adapters of requests submitted through this clone that
+    /// choose none (see [`Engine::with_adapter`]).
+    lora: Option<Arc<[LoraScale]>>,
 }
 
 /// Charges a request's tokens to whoever sent it: a server's token-rate
@@ -140,6 +145,8 @@ impl Engine {
         target: &crate::runtime::llama::LlamaRuntime,
     ) -> Result<crate::runtime::llama::LlamaRuntime, StartError> {
         let mut cfg = config.clone();
+        // The adapters are the target's.
+        cfg.lora.clear();
         if config.speculative.draft_n_ctx > 0 {
             cfg.context.n_ctx = config.speculative.draft_n_ctx;
         } else {
@@ -205,6 +212,7 @@ impl Engine {
             .expect("spawning the engine thread");
         Engine {
             meter: None,
+            lora: None,
             inner: Arc::new(Inner {
                 commands: tx,
                 preparer,
@@ -244,7 +252,43 @@ impl Engine {
         Engine {
             inner: self.inner.clone(),
             meter: Some(meter),
+            lora: self.lora.clone(),
         }
+    }
+
+    /// This engine with the LoRA adapter named `name` (alone, at its
+    /// configured scale) for every request submitted through the returned
+    /// clone that chooses no adapters itself: how `model: "TARGET:NAME"`
+    /// selects one. `None` when the model has no adapter of that name.
+    pub fn with_adapter(&self, name: &str) -> Option<Engine> {
+        let choice = self.inner.preparer.lora.by_name(name)?;
+        Some(Engine {
+            inner: self.inner.clone(),
+            meter: self.meter.clone(),
+            lora: Some(choice.into()),
+        })
+    }
+
+    /// The adapter this clone selects (see [`Self::with_adapter`]).
+    pub fn selected_adapter(&self) -> Option<&[LoraScale]> {
+        self.lora.as_deref()
+    }
+
+    /// The model's LoRA adapters with their global scales.
+    pub fn lora_adapters(&self) -> Vec<LoraAdapterState> {
+        self.inner.preparer.lora.states()
+    }
+
+    /// Sets the adapters' global scales (llama-server's `POST
+    /// /lora-adapters`): the listed ones at their scales, the others at 0.
+    /// Requests already submitted keep the scales they were given.
+    pub fn set_lora_scales(&self, scales: &[LoraScale]) -> Result<(), EngineError> {
+        self.inner.preparer.lora.set_global(scales)
+    }
+
+    /// Requests that ran with each adapter, by id.
+    pub fn lora_request_counts(&self) -> Vec<u64> {
+        self.inner.preparer.lora.request_counts()
     }
 
     /// Whether the engine thread is running.
@@ -296,8 +340,15 @@ impl Engine {
     pub fn generate(&self, req: GenerateRequest) -> Result<RequestHandle, EngineError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
+        let mut req = req;
+        if req.lora.is_none() {
+            req.lora = self.lora.as_deref().map(<[LoraScale]>::to_vec);
+        }
         let prepared = self.inner.preparer.prepare_generate(id, req, tx)?;
-        self.submit(prepared, rx)
+        let adapters = prepared.adapters.clone();
+        let handle = self.submit(prepared, rx)?;
+        self.inner.preparer.lora.count(&adapters);
+        Ok(handle)
     }
 
     /// The prompt tokens of a conversation, rendered with the model's template.

@@ -48,6 +48,8 @@ pub struct EngineInfo {
     pub speculative: crate::config::SpeculativeConfig,
     /// A draft model is loaded next to the model.
     pub has_draft_model: bool,
+    /// LoRA adapters loaded with the model, in id order.
+    pub lora: Vec<crate::config::LoraAdapterConfig>,
 }
 
 impl EngineInfo {
@@ -70,6 +72,7 @@ impl EngineInfo {
             max_tokens_limit: config.scheduler.max_tokens_limit,
             speculative: config.speculative.clone(),
             has_draft_model: false,
+            lora: config.lora.clone(),
             model,
         }
     }
@@ -83,6 +86,7 @@ pub struct RequestPreparer {
     eog_tokens: Arc<Vec<Token>>,
     chat_template: Arc<Result<ChatTemplate, ChatError>>,
     caps: Option<TemplateCaps>,
+    pub(super) lora: Arc<super::lora::LoraTable>,
 }
 
 /// What the model's chat template does with tools and reasoning, found once
@@ -183,7 +187,9 @@ impl RequestPreparer {
             None => Err(ChatError::NoTemplate),
         };
         let caps = chat_template.as_ref().ok().map(TemplateCaps::of);
+        let lora = Arc::new(super::lora::LoraTable::new(&info.lora));
         Self {
+            lora,
             vocab,
             info: Arc::new(info),
             eog_tokens: Arc::new(eog_tokens),
@@ -428,6 +434,7 @@ impl RequestPreparer {
             None => None,
         };
         let speculative = self.speculation(req.speculative)?;
+        let adapters = self.lora.resolve(req.lora.as_deref())?;
         Ok(PreparedRequest {
             id,
             kind: PreparedKind::Generate(GenerateSpec {
@@ -445,6 +452,7 @@ impl RequestPreparer {
             }),
             prompt,
             context_key: req.context_key,
+            adapters,
             cache_prompt: req.cache_prompt,
             repeatable: req.repeatable,
             submitted_at: Instant::now(),
@@ -511,6 +519,7 @@ fn embedding_request(
         kind: PreparedKind::Embed { normalize },
         prompt,
         context_key: None,
+        adapters: crate::runtime::AdapterSet::none(),
         cache_prompt: false,
         repeatable: false,
         submitted_at: Instant::now(),

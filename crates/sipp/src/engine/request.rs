@@ -78,6 +78,21 @@ pub struct GenerateRequest {
     /// it is trimmed). SGLang's `no_stop_trim`, vLLM's
     /// `include_stop_str_in_output`.
     pub include_stop: bool,
+    /// LoRA adapters for this request (llama-server's `lora`): the listed
+    /// ones at their scales, the others off. `None` (or, as in llama-server,
+    /// an empty list): the engine's choice (an adapter named in the model,
+    /// else every adapter at its global scale).
+    pub lora: Option<Vec<LoraScale>>,
+}
+
+/// One adapter of a request's `lora` list.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraScale {
+    /// The adapter's id (`GET /lora-adapters`).
+    pub id: usize,
+    /// Its scale (0 turns it off).
+    pub scale: f32,
 }
 
 /// Speculative decoding as a request asks for it (`"speculative": {"mode":
@@ -144,6 +159,7 @@ impl GenerateRequest {
             speculative: None,
             skip_special_tokens: true,
             include_stop: false,
+            lora: None,
         }
     }
 
@@ -495,6 +511,8 @@ pub struct PreparedRequest {
     pub prompt: Vec<Token>,
     /// Session affinity key.
     pub context_key: Option<String>,
+    /// The LoRA adapters it runs with.
+    pub adapters: crate::runtime::AdapterSet,
     /// Reuse and keep KV.
     pub cache_prompt: bool,
     /// Run alone on a cleared KV cache (see `GenerateRequest::repeatable`).

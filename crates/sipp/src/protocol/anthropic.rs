@@ -236,6 +236,10 @@ pub struct MessagesRequest {
     /// Extended thinking.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<ThinkingConfig>,
+    /// LoRA adapters (llama-server's extension, local models):
+    /// `[{"id": 0, "scale": 1.0}]`, the others off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Vec<crate::engine::LoraScale>>,
 }
 
 /// The body of `POST /v1/messages/count_tokens`.

@@ -153,6 +153,7 @@ pub fn request_from_text_options(
         cache_prompt: o.cache_prompt.unwrap_or(true),
         repeatable: o.repeatable.unwrap_or(false),
         speculative: o.speculative,
+        lora: o.lora.clone(),
         ..GenerateRequest::new(PromptInput::Text(String::new()))
     })
 }
@@ -248,6 +249,7 @@ pub fn request_from_openai(
         cache_prompt: f.cache_prompt.unwrap_or(true),
         repeatable: f.repeatable.unwrap_or(false),
         speculative: f.speculative,
+        lora: f.lora.clone(),
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         include_stop: f
             .no_stop_trim

@@ -56,6 +56,10 @@ pub struct TextOptions {
     /// fields take the endpoint's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<crate::engine::SpeculativeRequest>,
+    /// LoRA adapters: `[{"id": 0, "scale": 1.0}]`, the others off (unset:
+    /// the endpoint's choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Vec<crate::engine::LoraScale>>,
     /// Full sampling settings, overriding the endpoint's defaults field by field
     /// where given (temperature, top_p and seed above win).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -152,6 +152,10 @@ pub struct SamplingFields {
     /// Speculative decoding (extension): `{"mode": "ngram" | "off", "n_max": N}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<crate::engine::SpeculativeRequest>,
+    /// LoRA adapters (llama-server's extension): `[{"id": 0, "scale": 1.0}]`,
+    /// the others off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Vec<crate::engine::LoraScale>>,
     /// Bounds on JSON mode and open JSON schemas (extension): `false` turns
     /// them off, `true` keeps the target's, an object overrides some.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -196,6 +196,8 @@ struct Cell {
     pos: u32,
     token: Token,
     seqs: BTreeSet<SeqId>,
+    /// The key of the adapter set it was computed under (0: none).
+    adapter: u64,
 }
 
 /// A fake sampler: greedy or seeded, with a toy grammar stand-in.
@@ -222,6 +224,11 @@ pub struct FakeBackend {
     pub max_batch_rows: usize,
     /// Fail the next this-many batches with "no KV space" (failure injection).
     pub inject_no_kv: u32,
+    /// The adapter set applied (any set is accepted: the fake has adapters
+    /// of every id).
+    pub adapters: crate::runtime::AdapterSet,
+    /// Batches that ran under each adapter key (for tests).
+    pub adapter_batches: std::collections::HashMap<u64, u64>,
 }
 
 impl FakeBackend {
@@ -240,6 +247,8 @@ impl FakeBackend {
             batches: 0,
             max_batch_rows: 0,
             inject_no_kv: 0,
+            adapters: crate::runtime::AdapterSet::none(),
+            adapter_batches: std::collections::HashMap::new(),
         }
     }
 
@@ -282,8 +291,40 @@ impl FakeBackend {
         self.predict(history).0
     }
 
-    /// The fake model: the next token after a history, and its runner-up.
+    /// [`Self::most_likely`] under an adapter set (the history computed
+    /// under it too).
+    pub fn most_likely_with(&self, history: &[Token], set: &crate::runtime::AdapterSet) -> Token {
+        let key = set.key();
+        let salt = (0..history.len() as u32).fold(0u64, |s, pos| s ^ Self::cell_salt(pos, key));
+        self.predict_salted(history, salt).0
+    }
+
+    /// What a cell computed under adapter key `key` at `pos` adds to its
+    /// sequence's salt (nothing without adapters).
+    fn cell_salt(pos: u32, key: u64) -> u64 {
+        if key == 0 {
+            0
+        } else {
+            key.rotate_left(pos % 64) ^ u64::from(pos)
+        }
+    }
+
+    /// The fake LoRA: each cell of a sequence computed under adapters salts
+    /// what the model predicts, as KV computed under other weights would.
+    fn adapter_salt(&self, seq: SeqId) -> u64 {
+        self.cells
+            .iter()
+            .flatten()
+            .filter(|c| c.seqs.contains(&seq))
+            .fold(0, |s, c| s ^ Self::cell_salt(c.pos, c.adapter))
+    }
+
     fn predict(&self, history: &[Token]) -> (Token, Token) {
+        self.predict_salted(history, 0)
+    }
+
+    /// The fake model: the next token after a history, and its runner-up.
+    fn predict_salted(&self, history: &[Token], salt: u64) -> (Token, Token) {
         // Finish a multi-byte character that the history has started.
         let bytes: Vec<u8> = history
             .iter()
@@ -304,7 +345,7 @@ impl FakeBackend {
                 }
             }
         }
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ salt;
         let from = match self.cfg.window {
             0 => 0,
             w => history.len().saturating_sub(w),
@@ -386,9 +427,15 @@ impl Backend for FakeBackend {
         }
     }
 
+    fn set_adapters(&mut self, set: &crate::runtime::AdapterSet) -> Result<(), RuntimeError> {
+        self.adapters = set.clone();
+        Ok(())
+    }
+
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
         self.check_batch(rows)?;
         self.batches += 1;
+        *self.adapter_batches.entry(self.adapters.key()).or_insert(0) += 1;
         if self.inject_no_kv > 0 {
             self.inject_no_kv -= 1;
             return Err(BatchError::NoKvSpace);
@@ -421,11 +468,12 @@ impl Backend for FakeBackend {
                 pos: r.pos,
                 token: r.token,
                 seqs: BTreeSet::from([r.seq]),
+                adapter: self.adapters.key(),
             });
             self.row_seqs.push(r.seq);
             if r.output {
                 let history = self.seq_tokens(r.seq);
-                let (best, second) = self.predict(&history);
+                let (best, second) = self.predict_salted(&history, self.adapter_salt(r.seq));
                 let mut logits = vec![-10.0f32; N_VOCAB];
                 logits[second as usize] = 5.0;
                 logits[best as usize] = 10.0;
@@ -620,6 +668,7 @@ impl Backend for FakeBackend {
                 pos: pos as u32,
                 token,
                 seqs: BTreeSet::from([seq]),
+                adapter: 0,
             });
         }
         Ok(())

@@ -20,8 +20,8 @@ use llama_cpp_2::token::LlamaToken;
 use super::gguf::{check_gguf, GgufHeader, MetaValue};
 use super::placement::Device;
 use super::{
-    logprobs_from_logits, Backend, BatchError, BatchRow, ModelInfo, Pooling, RuntimeError,
-    SampleError, Sampled, SamplerSpec, SeqId, Token, Vocab,
+    logprobs_from_logits, AdapterSet, Backend, BatchError, BatchRow, ModelInfo, Pooling,
+    RuntimeError, SampleError, Sampled, SamplerSpec, SeqId, Token, Vocab,
 };
 use crate::config::{FlashAttention, GpuLayers, NativeRuntimeConfig, PlacementConfig, SplitMode};
 use crate::sampling::{
@@ -68,6 +68,75 @@ const ENCODER_ONLY: &[&str] = &[
 pub struct LlamaModelHandle {
     model: LlamaModel,
     info: ModelInfo,
+    /// LoRA adapters loaded with the model, by id (llama.cpp frees them
+    /// with the model).
+    adapters: Vec<LoadedAdapter>,
+}
+
+/// A LoRA adapter llama.cpp loaded for this model.
+struct LoadedAdapter(std::ptr::NonNull<llama_cpp_sys_2::llama_adapter_lora>);
+
+// SAFETY: llama.cpp never changes a loaded adapter; contexts only read it.
+unsafe impl Send for LoadedAdapter {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedAdapter {}
+
+/// The raw pointer of a model. `LlamaModel` is `repr(transparent)` over it.
+fn model_ptr(model: &LlamaModel) -> *mut llama_cpp_sys_2::llama_model {
+    // SAFETY: `LlamaModel` is one non-null pointer (repr(transparent), and the
+    // size is asserted in `load_with_split`).
+    unsafe {
+        std::ptr::from_ref(model)
+            .cast::<std::ptr::NonNull<llama_cpp_sys_2::llama_model>>()
+            .read()
+            .as_ptr()
+    }
+}
+
+/// Loads the configured LoRA adapters for `model`, after checking each file
+/// is a LoRA adapter for this architecture (llama.cpp would only log why
+/// it refused one).
+fn load_adapters(
+    model: &LlamaModel,
+    arch: &str,
+    config: &NativeRuntimeConfig,
+) -> Result<Vec<LoadedAdapter>, RuntimeError> {
+    let mut out = Vec::new();
+    for (id, a) in config.lora.iter().enumerate() {
+        let failed =
+            |m: String| RuntimeError::Lora(format!("adapter {id} ({}): {m}", a.path.display()));
+        let header = super::gguf::check_gguf(&a.path).map_err(|e| failed(e.to_string()))?;
+        let text = |k: &str| {
+            header
+                .metadata
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+        };
+        if text("general.type") != "adapter" || text("adapter.type") != "lora" {
+            return Err(failed(format!(
+                "not a LoRA adapter (general.type `{}`, adapter.type `{}`)",
+                text("general.type"),
+                text("adapter.type")
+            )));
+        }
+        if header.architecture() != Some(arch) {
+            return Err(failed(format!(
+                "made for a `{}` model, and this model is `{arch}`",
+                header.architecture().unwrap_or("?")
+            )));
+        }
+        let cpath = std::ffi::CString::new(a.path.to_string_lossy().as_bytes())
+            .map_err(|_| failed("path contains a NUL byte".into()))?;
+        // SAFETY: a live model and a NUL-terminated path.
+        let raw =
+            unsafe { llama_cpp_sys_2::llama_adapter_lora_init(model_ptr(model), cpath.as_ptr()) };
+        let raw = std::ptr::NonNull::new(raw).ok_or_else(|| {
+            failed("llama.cpp refused it (its tensors do not match this model's)".into())
+        })?;
+        out.push(LoadedAdapter(raw));
+    }
+    Ok(out)
 }
 
 impl std::fmt::Debug for LlamaModelHandle {
@@ -248,6 +317,7 @@ pub fn load_model(
     };
     let mut info = model_info(path, &plan.header, &model);
     info.placement = placement;
+    let adapters = load_adapters(&model, &info.architecture, config)?;
     tracing::info!(
         model = %path.display(),
         "placement: {}{}; weights {} MiB",
@@ -255,7 +325,14 @@ pub fn load_model(
         if info.placement.kv_offload { ", KV cache with them" } else { "" },
         info.size_bytes / (1 << 20)
     );
-    Ok(Arc::new(LlamaModelHandle { model, info }))
+    if !adapters.is_empty() {
+        tracing::info!(model = %path.display(), "{} LoRA adapters loaded", adapters.len());
+    }
+    Ok(Arc::new(LlamaModelHandle {
+        model,
+        info,
+        adapters,
+    }))
 }
 
 fn split_mode(mode: SplitMode) -> LlamaSplitMode {
@@ -656,7 +733,16 @@ pub struct LlamaRuntime {
     candidates: Vec<LlamaTokenData>,
     /// Which sequence each row of the last batch belonged to.
     last_rows: Vec<SeqId>,
+    /// The context's raw pointer, for the calls llama-cpp-2 does not wrap
+    /// (several LoRA adapters at once).
+    raw_ctx: *mut llama_cpp_sys_2::llama_context,
+    /// The LoRA adapters applied now.
+    adapters: AdapterSet,
 }
+
+// SAFETY: `raw_ctx` is the pointer `ctx` owns; both move together and the
+// engine thread alone uses them.
+unsafe impl Send for LlamaRuntime {}
 
 impl std::fmt::Debug for LlamaRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -665,6 +751,42 @@ impl std::fmt::Debug for LlamaRuntime {
             .field("n_seq_max", &self.n_seq_max)
             .finish()
     }
+}
+
+/// The raw pointer inside a `LlamaContext`, which llama-cpp-2 keeps
+/// private: the struct is that pointer, a `Vec` of backend samplers (empty
+/// here: sipp adds none, so its pointer is dangling and its lengths 0) and
+/// zero-sized markers. The one word that can be a heap pointer is taken, and
+/// accepted only when llama.cpp says that context belongs to `model`.
+fn context_ptr(
+    ctx: &LlamaContext<'_>,
+    model: &LlamaModel,
+) -> Result<*mut llama_cpp_sys_2::llama_context, RuntimeError> {
+    const WORDS: usize =
+        std::mem::size_of::<LlamaContext<'static>>() / std::mem::size_of::<usize>();
+    const _: () = assert!(
+        std::mem::size_of::<LlamaContext<'static>>() == 4 * std::mem::size_of::<usize>(),
+        "llama-cpp-2 changed LlamaContext: revisit context_ptr"
+    );
+    // SAFETY: reads the struct's bytes as words (all its fields are
+    // word-sized, no padding); nothing is dropped or dereferenced here.
+    let words: [usize; WORDS] = unsafe { std::mem::transmute_copy(ctx) };
+    let candidates: Vec<usize> = words.iter().copied().filter(|&w| w > 0xFFFF).collect();
+    let found = match candidates.as_slice() {
+        // SAFETY: the only word that can address memory in a context without
+        // backend samplers: the context pointer.
+        [w] if unsafe { llama_cpp_sys_2::llama_get_model(*w as *mut _) }.cast_mut()
+            == model_ptr(model) =>
+        {
+            Some(*w as *mut llama_cpp_sys_2::llama_context)
+        }
+        _ => None,
+    };
+    found.ok_or_else(|| {
+        RuntimeError::Context(
+            "cannot find llama.cpp's context pointer (llama-cpp-2 layout changed)".into(),
+        )
+    })
 }
 
 /// A context's parameters and the sizes the runtime keeps from them; the
@@ -783,6 +905,7 @@ impl LlamaRuntime {
                 "in host memory".to_string()
             }
         );
+        let raw_ctx = context_ptr(&ctx, &model.model)?;
         let batch = LlamaBatch::new(n_batch as usize, 1);
         let rt = Self {
             batch,
@@ -795,6 +918,8 @@ impl LlamaRuntime {
             pooling,
             candidates: Vec::new(),
             last_rows: Vec::new(),
+            raw_ctx,
+            adapters: AdapterSet::none(),
         };
         Ok(rt)
     }
@@ -1088,6 +1213,47 @@ impl Backend for LlamaRuntime {
             tracing::warn!("warm-up batch failed");
         }
         let _ = self.ctx.kv_cache_seq_rm(0, None, None);
+    }
+
+    fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), RuntimeError> {
+        if *set == self.adapters {
+            return Ok(());
+        }
+        let loaded = &self.model.adapters;
+        let mut ptrs = Vec::with_capacity(set.entries().len());
+        let mut scales = Vec::with_capacity(set.entries().len());
+        for &(id, scale) in set.entries() {
+            let a = loaded.get(id).ok_or_else(|| {
+                RuntimeError::Lora(format!("no adapter {id} (this model has {})", loaded.len()))
+            })?;
+            ptrs.push(a.0.as_ptr());
+            scales.push(scale);
+        }
+        // SAFETY: the context is live; the adapters belong to its model and
+        // the arrays hold `len` entries each.
+        let code = unsafe {
+            llama_cpp_sys_2::llama_set_adapters_lora(
+                self.raw_ctx,
+                if ptrs.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    ptrs.as_mut_ptr()
+                },
+                ptrs.len(),
+                if scales.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    scales.as_mut_ptr()
+                },
+            )
+        };
+        if code != 0 {
+            return Err(RuntimeError::Lora(format!(
+                "llama.cpp refused the adapter set (code {code})"
+            )));
+        }
+        self.adapters = set.clone();
+        Ok(())
     }
 
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {

@@ -10,12 +10,15 @@ pub mod fake;
 pub mod gguf;
 #[cfg(feature = "llama")]
 pub mod llama;
+pub mod lora;
 pub mod placement;
 #[cfg(feature = "llama")]
 pub mod rpc;
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+
+pub use lora::{AdapterSet, LoraAdapterInfo};
 
 use crate::sampling::{OutputConstraint, SamplingError, SamplingParams};
 
@@ -231,6 +234,9 @@ pub enum RuntimeError {
     /// Tokenization failed.
     #[error("tokenization failed: {0}")]
     Tokenize(String),
+    /// A LoRA adapter could not be loaded or applied.
+    #[error("LoRA adapter: {0}")]
+    Lora(String),
     /// A KV state blob could not be restored.
     #[error("KV state restore failed: {0}")]
     StateRestore(String),
@@ -379,6 +385,18 @@ pub trait Backend {
     /// first-touch costs. Called on the engine thread: llama.cpp's OpenMP
     /// thread team belongs to the thread that computes.
     fn warm_up(&mut self) {}
+    /// Applies a set of the model's LoRA adapters to the batches that follow
+    /// (the empty set: none). A backend without adapters accepts only the
+    /// empty set.
+    fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), RuntimeError> {
+        if set.is_empty() {
+            Ok(())
+        } else {
+            Err(RuntimeError::Lora(
+                "this backend has no LoRA adapters".into(),
+            ))
+        }
+    }
     /// Runs the decoder over the rows. On error the KV cache holds none of them.
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError>;
     /// Runs the encoder over the rows (encoder models).

@@ -233,6 +233,7 @@ mod tests {
                 prefix_wait: None,
                 preempted: false,
                 admission_order: order,
+                adapters: crate::runtime::AdapterSet::none(),
             },
             draft: 0,
         }

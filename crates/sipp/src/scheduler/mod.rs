@@ -82,6 +82,9 @@ pub struct SchedulerConfig {
     /// Fixed cost of a step over the cost of a batch row, for speculative
     /// drafts (0: measured from the batches that run).
     pub row_cost_ratio: f32,
+    /// Run one LoRA adapter set per step, the sets in turn (else every set
+    /// in every step, one batch each).
+    pub rotate_adapters: bool,
 }
 
 /// Slots, the queue, and the decisions over them.
@@ -102,6 +105,8 @@ pub struct Scheduler {
     resume_due: bool,
     /// What a batch row costs against a step (which drafts pay).
     row_cost: speculate::RowCost,
+    /// One adapter set per step (see [`SchedulerConfig::rotate_adapters`]).
+    rotate_adapters: bool,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -129,6 +134,7 @@ impl Scheduler {
             admissions: 0,
             resume_due: false,
             row_cost: speculate::RowCost::new(config.row_cost_ratio),
+            rotate_adapters: config.rotate_adapters,
         }
     }
 

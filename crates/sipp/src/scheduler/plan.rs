@@ -4,7 +4,7 @@
 use super::slot::{PrefillKind, PrefixWait, SlotExecutionPlan};
 use super::{RequestId, SlotId};
 use crate::engine::{EngineError, GenerateSpec};
-use crate::runtime::{Pooling, SampledLogprobs, SeqId, Token};
+use crate::runtime::{AdapterSet, Pooling, SampledLogprobs, SeqId, Token};
 use crate::session::{KvOp, Reuse, SeqLease};
 
 /// A queued request taking a slot. Admissions are in queue order: the n-th
@@ -34,6 +34,8 @@ pub struct Admission {
     pub exec: SlotExecutionPlan,
     /// Its sampler, built by the executor (generation requests only).
     pub sampler: Option<SamplerSetup>,
+    /// The LoRA adapters it runs with.
+    pub adapters: AdapterSet,
 }
 
 /// What the executor needs to build a request's sampler.
@@ -107,6 +109,9 @@ pub struct BatchSpan {
     /// Set when the draft model drafts those rows as the step runs (they hold
     /// placeholders until then): the slot's tokens, context and pending.
     pub draft_history: Option<Vec<Token>>,
+    /// The LoRA adapters its rows are computed under (the executor runs one
+    /// batch per set).
+    pub adapters: AdapterSet,
 }
 
 impl BatchSpan {

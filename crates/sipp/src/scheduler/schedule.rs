@@ -155,6 +155,7 @@ impl Scheduler {
             let ask = AcquireAsk {
                 prompt: &req.prompt,
                 context_key: req.context_key.as_deref(),
+                adapters: req.adapters.key(),
                 use_cache,
                 reserve: if encoder { 0 } else { d.reserve() },
             };
@@ -222,6 +223,7 @@ impl Scheduler {
                 }),
                 PreparedKind::Embed { .. } => None,
             },
+            adapters: req.adapters.clone(),
         }
     }
 
@@ -246,7 +248,9 @@ impl Scheduler {
         d.busy()
             .map(|(slot, s)| (slot, s.tokens.as_ref()))
             .filter(|(_, o)| {
-                o.prefix_wait.is_none() && o.plan.terminal == TerminalAction::SampleTokens
+                o.prefix_wait.is_none()
+                    && o.plan.terminal == TerminalAction::SampleTokens
+                    && o.adapters == t.adapters
             })
             .map(|(slot, o)| {
                 let n = o.context[..o.prompt_len]
@@ -323,7 +327,8 @@ impl Scheduler {
             if s.cache_prompt {
                 let context = &s.tokens.context;
                 let cap = context.len().saturating_sub(1);
-                if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq), cap) {
+                let key = s.tokens.adapters.key();
+                if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq), cap, key) {
                     if n >= self.min_prefix {
                         d.op(KvOp::Share {
                             src,
@@ -347,11 +352,13 @@ impl Scheduler {
     /// fails.
     fn plan_batch(&self, d: &mut Draft<'_>, policy: &ReusePolicy, mut short_of_room: bool) {
         self.prune_drafts(d);
+        let mut turn = self.adapter_turn(d);
         let mut drafts = true;
         let packing = loop {
             let packing = {
                 let view: Vec<_> = d
                     .busy()
+                    .filter(|(_, s)| turn.as_ref().is_none_or(|set| s.tokens.adapters == *set))
                     .map(|(i, s)| {
                         let draft = if drafts { s.draft.len() } else { 0 };
                         (i, s.phase, s.tokens.as_ref(), draft)
@@ -359,6 +366,10 @@ impl Scheduler {
                     .collect();
                 pack(&view, self.limits, self.rotation as usize)
             };
+            // The set in turn has nothing to run: every set runs instead.
+            if packing.spans.is_empty() && turn.take().is_some() {
+                continue;
+            }
             if packing.spans.is_empty() || packing.kind == PrefillKind::Encode {
                 break packing;
             }
@@ -384,6 +395,31 @@ impl Scheduler {
             kind: packing.kind,
             spans: packing.spans.iter().map(|s| to_span(d, s)).collect(),
         };
+    }
+
+    /// With `rotate_adapters`, the LoRA adapter set whose slots run this
+    /// step: the sets of busy slots in order of their oldest slot, taken in
+    /// turn. `None`: every set runs.
+    fn adapter_turn(&self, d: &Draft<'_>) -> Option<crate::runtime::AdapterSet> {
+        if !self.rotate_adapters {
+            return None;
+        }
+        let mut slots: Vec<&SlotTokens> = d
+            .busy()
+            .map(|(_, s)| s.tokens.as_ref())
+            .filter(|t| t.prefix_wait.is_none() && !t.preempted)
+            .collect();
+        slots.sort_by_key(|t| t.admission_order);
+        let mut sets: Vec<&crate::runtime::AdapterSet> = Vec::new();
+        for t in slots {
+            if !sets.contains(&&t.adapters) {
+                sets.push(&t.adapters);
+            }
+        }
+        if sets.len() < 2 {
+            return None;
+        }
+        Some(sets[self.rotation as usize % sets.len()].clone())
     }
 
     /// Cuts each draft to the tokens worth their rows ([`worth_keeping`]),
@@ -506,5 +542,6 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
             Proposal::Model { history, .. } if s.decode && s.draft > 0 => Some(history.clone()),
             _ => None,
         },
+        adapters: t.adapters.clone(),
     }
 }

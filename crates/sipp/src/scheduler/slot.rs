@@ -114,6 +114,8 @@ pub struct SlotTokens {
     pub preempted: bool,
     /// Admission order (higher is newer).
     pub admission_order: u64,
+    /// The LoRA adapters it runs with.
+    pub adapters: crate::runtime::AdapterSet,
 }
 
 impl SlotTokens {
@@ -130,6 +132,7 @@ impl SlotTokens {
             prefix_wait: a.prefix_wait,
             preempted: false,
             admission_order: a.order,
+            adapters: a.adapters.clone(),
         }
     }
 

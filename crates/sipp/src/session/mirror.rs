@@ -30,6 +30,10 @@ pub enum KvOp {
         seq: SeqId,
         /// Session affinity key recorded on the sequence.
         context_key: Option<String>,
+        /// The key of the LoRA adapter set the lease computes under
+        /// ([`crate::runtime::AdapterSet::key`], 0: none): KV is reused only
+        /// by requests with the same key.
+        adapters: u64,
     },
     /// Removes positions `from..` of a sequence.
     Truncate {
@@ -76,6 +80,11 @@ pub(crate) struct SequenceEntry {
     pub(crate) leased: bool,
     pub(crate) last_used: u64,
     pub(crate) context_key: Option<String>,
+    /// The adapter-set key its tokens were computed under (0: none).
+    pub(crate) adapters: u64,
+    /// The adapter-set key of its lease: tokens recorded from now on are
+    /// computed under it.
+    pub(crate) lease_adapters: u64,
     /// Sliding-window models: positions below this one may be missing from
     /// the window layers' cells (see [`KvMirror::usable_prefix`]).
     pub(crate) swa_floor: usize,
@@ -228,18 +237,25 @@ impl KvMirror {
         }
     }
 
+    /// The adapter-set key of a sequence's tokens (0: none).
+    pub fn adapters_of(&self, seq: SeqId) -> u64 {
+        self.seqs[seq as usize].adapters
+    }
+
     /// The longest usable prefix of `prompt`, at most `cap` tokens, resident
-    /// in any sequence other than `except`: (sequence, length).
+    /// in any sequence other than `except` computed under the adapter set
+    /// `adapters`: (sequence, length).
     pub fn longest_resident_prefix(
         &self,
         prompt: &[Token],
         except: Option<SeqId>,
         cap: usize,
+        adapters: u64,
     ) -> Option<(SeqId, usize)> {
         self.seqs
             .iter()
             .enumerate()
-            .filter(|(i, _)| Some(*i as SeqId) != except)
+            .filter(|(i, s)| Some(*i as SeqId) != except && s.adapters == adapters)
             .map(|(i, s)| {
                 let n = common_prefix(&s.resident, prompt).min(cap);
                 (i as SeqId, self.usable_prefix(i as SeqId, n))
@@ -325,7 +341,9 @@ impl KvMirror {
     /// Records tokens the backend just wrote at the end of a sequence.
     pub fn record(&mut self, seq: SeqId, tokens: &[Token]) {
         let cells = self.alloc_cells(tokens);
-        self.seqs[seq as usize].resident.extend(cells);
+        let e = &mut self.seqs[seq as usize];
+        e.resident.extend(cells);
+        e.adapters = e.lease_adapters;
         self.raise_floor(seq);
         self.touch(seq);
     }
@@ -338,9 +356,14 @@ impl KvMirror {
                 self.drop_cells(*seq, 0);
                 self.seqs[*seq as usize].context_key = None;
             }
-            KvOp::Lease { seq, context_key } => {
+            KvOp::Lease {
+                seq,
+                context_key,
+                adapters,
+            } => {
                 let e = &mut self.seqs[*seq as usize];
                 e.leased = true;
+                e.lease_adapters = *adapters;
                 e.lease_generation += 1;
                 if context_key.is_some() {
                     e.context_key.clone_from(context_key);
@@ -358,12 +381,14 @@ impl KvMirror {
                 let floor = self.seqs[*src as usize].swa_floor.min(*len);
                 self.seqs[*dst as usize].resident = prefix;
                 self.seqs[*dst as usize].swa_floor = floor;
+                self.seqs[*dst as usize].adapters = self.seqs[*src as usize].adapters;
                 self.raise_floor(*dst);
             }
             KvOp::Restore { seq, prefix } => {
                 debug_assert!(self.seqs[*seq as usize].resident.is_empty());
                 let cells = self.alloc_cells(prefix);
                 self.seqs[*seq as usize].resident = cells;
+                self.seqs[*seq as usize].adapters = 0;
                 self.raise_floor(*seq);
             }
             KvOp::Release { lease, keep } => {
@@ -388,6 +413,7 @@ mod tests {
         m.apply(&KvOp::Lease {
             seq: 0,
             context_key: None,
+            adapters: 0,
         });
         m.record(0, &[1, 2, 3, 4]);
         m.apply(&KvOp::Share {
@@ -413,6 +439,7 @@ mod tests {
             m.apply(&KvOp::Lease {
                 seq,
                 context_key: None,
+                adapters: 0,
             })
         };
         let mut m = KvMirror::new(3, 100).with_swa_window(Some(4));
@@ -428,11 +455,11 @@ mod tests {
         assert_eq!(m.usable_prefix(0, 8), 0);
         assert_eq!(m.usable_prefix(0, 2), 0);
         assert_eq!(
-            m.longest_resident_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], None, 9),
+            m.longest_resident_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], None, 9, 0),
             Some((0, 9))
         );
         assert_eq!(
-            m.longest_resident_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9], None, 8),
+            m.longest_resident_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9], None, 8, 0),
             None
         );
         // A truncated sequence keeps its floor: its cut prefix stays unusable.
@@ -467,6 +494,7 @@ mod tests {
         m.apply(&KvOp::Lease {
             seq: 0,
             context_key: Some("k".into()),
+            adapters: 0,
         });
         assert!(m.check(want).is_ok());
         m.record(0, &[7]);

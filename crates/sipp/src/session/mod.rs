@@ -240,7 +240,9 @@ impl KvSessions {
     }
 
     fn save_snapshot<B: Backend>(&mut self, kv: &mut B, seq: SeqId, wanted: bool) {
-        if !wanted || self.mirror.resident_len(seq) == 0 {
+        // KV computed under LoRA adapters is not kept: snapshots are found
+        // by tokens alone.
+        if !wanted || self.mirror.resident_len(seq) == 0 || self.mirror.adapters_of(seq) != 0 {
             return;
         }
         let tokens = self.mirror.resident_tokens(seq);

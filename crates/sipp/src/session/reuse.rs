@@ -59,6 +59,9 @@ pub struct AcquireAsk<'a> {
     pub prompt: &'a [Token],
     /// Session affinity key.
     pub context_key: Option<&'a str>,
+    /// The key of its LoRA adapter set (0: none): only KV computed under
+    /// the same set is reused.
+    pub adapters: u64,
     /// Reuse cached KV.
     pub use_cache: bool,
     /// Cells to keep free for prompts admitted before this one.
@@ -86,6 +89,7 @@ pub fn plan_acquire(
     let lease_op = KvOp::Lease {
         seq,
         context_key: ask.context_key.map(str::to_string),
+        adapters: ask.adapters,
     };
     kv.apply(&lease_op);
     ops.push(lease_op);
@@ -218,7 +222,11 @@ fn choose(
         .map(|&s| {
             let e = &kv.seqs[s as usize];
             let keyed = ask.context_key.is_some() && e.context_key.as_deref() == ask.context_key;
-            let n = common_prefix(&e.resident, prompt).min(cap);
+            let n = if e.adapters == ask.adapters {
+                common_prefix(&e.resident, prompt).min(cap)
+            } else {
+                0
+            };
             (s, kv.usable_prefix(s, n), keyed)
         })
         .max_by_key(|&(s, n, keyed)| (n, keyed, std::cmp::Reverse(s)))
@@ -226,9 +234,10 @@ fn choose(
         .unwrap_or((unleased[0], 0));
     let shared_mode = mode == CacheMode::SharedPrefix;
     let other = kv
-        .longest_resident_prefix(prompt, None, cap)
+        .longest_resident_prefix(prompt, None, cap, ask.adapters)
         .filter(|&(s, n)| shared_mode && n >= policy.min_prefix && n > idle_n && s != idle_seq);
-    let snap = (shared_mode && policy.snapshots)
+    // Snapshots hold KV of the base model only.
+    let snap = (shared_mode && policy.snapshots && ask.adapters == 0)
         .then(|| snapshots.best_match(prompt))
         .flatten()
         .map(|(_, n)| n.min(cap))
