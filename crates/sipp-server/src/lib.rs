@@ -74,6 +74,8 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
         .route("/get_server_info", get(routes::worker::server_info))
         .route("/get_load", get(routes::worker::get_load))
         .route("/slots", get(routes::worker::slots))
+        .route("/slots/{id}", post(routes::slots::slot_action))
+        .route("/v1/sessions/{key}", post(routes::slots::session_action))
         .route("/detokenize", post(routes::ops::detokenize))
         .route("/v1/dashboard", get(routes::dashboard::state))
         .route("/", get(routes::web::chat_page))
