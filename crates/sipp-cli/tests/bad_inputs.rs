@@ -600,6 +600,108 @@ fn catalogue() -> Vec<Case> {
         status: 405,
         expect: "method",
     });
+    // Slot and session persistence (this server has no --slot-save-path).
+    for (what, base) in [("slot", "/slots/0"), ("session", "/v1/sessions/k")] {
+        let at = |action: &str| -> &'static str {
+            Box::leak(format!("{base}?action={action}").into_boxed_str())
+        };
+        let named =
+            |n: &str| -> &'static str { Box::leak(format!("{what}: {n}").into_boxed_str()) };
+        v.extend([
+            case(named("unknown action"), at("compact"), "", 400, "action"),
+            case(named("missing action"), base, "", 400, "action"),
+            case(
+                named("filename with .."),
+                at("save"),
+                r#"{"filename": "../x.bin"}"#,
+                400,
+                "filename",
+            ),
+            case(
+                named("filename with /"),
+                at("restore"),
+                r#"{"filename": "dir/x.bin"}"#,
+                400,
+                "filename",
+            ),
+            case(
+                named("filename with a backslash"),
+                at("save"),
+                r#"{"filename": "dir\\x.bin"}"#,
+                400,
+                "filename",
+            ),
+            case(
+                named("empty filename"),
+                at("restore"),
+                r#"{"filename": ""}"#,
+                400,
+                "filename",
+            ),
+            case(named("missing filename"), at("save"), "{}", 400, "filename"),
+            case(named("no body"), at("restore"), "", 400, "filename"),
+            case(
+                named("filename not a string"),
+                at("save"),
+                r#"{"filename": 7}"#,
+                400,
+                "filename",
+            ),
+            case(named("malformed JSON"), at("save"), "{", 400, "JSON"),
+            case(
+                named("save without --slot-save-path"),
+                at("save"),
+                r#"{"filename": "x.bin"}"#,
+                501,
+                "slot-save-path",
+            ),
+            case(
+                named("restore without --slot-save-path"),
+                at("restore"),
+                r#"{"filename": "x.bin"}"#,
+                501,
+                "slot-save-path",
+            ),
+            case(
+                named("unknown model"),
+                Box::leak(format!("{base}?action=erase&model=no-such-model").into_boxed_str()),
+                "",
+                404,
+                "no-such-model",
+            ),
+        ]);
+        v.push(Case {
+            name: named("wrong method"),
+            method: "GET",
+            path: at("erase"),
+            body: Vec::new(),
+            status: 405,
+            expect: "method",
+        });
+    }
+    v.extend([
+        case(
+            "slot id not a number",
+            "/slots/abc?action=erase",
+            "",
+            400,
+            "id_slot",
+        ),
+        case(
+            "slot id out of range",
+            "/slots/99?action=erase",
+            "",
+            400,
+            "id_slot",
+        ),
+        case(
+            "negative slot id",
+            "/slots/-1?action=erase",
+            "",
+            400,
+            "id_slot",
+        ),
+    ]);
     let mut invalid_utf8 = br#"{"prompt": ""#.to_vec();
     invalid_utf8.extend_from_slice(&[0xff, 0xfe, 0xc3]);
     invalid_utf8.extend_from_slice(br#""}"#);

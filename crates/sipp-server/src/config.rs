@@ -70,6 +70,11 @@ pub struct ServerSection {
     /// How long a request waits for its model to load (and for room to be
     /// made for it) before a 503. Default 300.
     pub load_wait_secs: u64,
+    /// Where `POST /slots/{id}?action=save|restore` and
+    /// `/v1/sessions/{key}?action=...` keep their files (llama-server's
+    /// `--slot-save-path`). Unset (the default): saving and restoring answer
+    /// 501.
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 /// When a model target is loaded.
@@ -126,6 +131,7 @@ impl Default for ServerSection {
             models_max: None,
             idle_unload_secs: None,
             load_wait_secs: 300,
+            slot_save_path: None,
         }
     }
 }

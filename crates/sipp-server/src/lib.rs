@@ -78,6 +78,8 @@ pub fn app(state: AppState, cors_origins: &[String]) -> Router {
             "/lora-adapters",
             get(routes::lora::list).post(routes::lora::set),
         )
+        .route("/slots/{id}", post(routes::slots::slot_action))
+        .route("/v1/sessions/{key}", post(routes::slots::session_action))
         .route("/detokenize", post(routes::ops::detokenize))
         .route("/v1/dashboard", get(routes::dashboard::state))
         .route("/", get(routes::web::chat_page))

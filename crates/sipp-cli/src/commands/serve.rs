@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// The shape of GET /get_load for routers: sglang (default) or vllm.
     #[arg(long = "load-format")]
     pub load_format: Option<sipp_server::config::LoadFormat>,
+    /// Directory for slot files (server.slot_save_path): enables
+    /// POST /slots/{id}?action=save|restore (llama-server's flag).
+    #[arg(long = "slot-save-path", value_name = "DIR")]
+    pub slot_save_path: Option<PathBuf>,
     /// The most local models in memory at once (server.models_max); loading
     /// another unloads the least recently used.
     #[arg(long = "models-max", value_name = "N")]
@@ -111,6 +115,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
     }
     if let Some(f) = args.load_format {
         cfg.server.load_format = f;
+    }
+    if let Some(d) = &args.slot_save_path {
+        cfg.server.slot_save_path = Some(d.clone());
     }
     if let Some(n) = args.models_max {
         cfg.server.models_max = Some(n);

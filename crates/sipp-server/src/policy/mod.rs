@@ -282,6 +282,9 @@ fn is_admin_route(path: &str) -> bool {
     path == "/v1/dashboard"
         || path.starts_with("/v1/dashboard/")
         || crate::residency::middleware::is_model_admin_route(path)
+        // Slot files: any user's KV, and files on the server's disk.
+        || path.starts_with("/slots/")
+        || path.starts_with("/v1/sessions/")
 }
 
 /// Whether `path` is one of Anthropic's routes, answered in its shapes.

@@ -10,6 +10,7 @@ pub mod ops;
 pub mod remote;
 pub mod rerank;
 pub mod responses;
+pub mod slots;
 pub mod web;
 pub mod worker;
 

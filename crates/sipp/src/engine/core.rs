@@ -27,6 +27,8 @@ pub struct EngineCore<B: Backend> {
     executor: Executor<B>,
     sessions: KvSessions,
     metrics: Arc<EngineMetrics>,
+    /// The sequence each slot's latest request used (slot save/restore).
+    slot_seqs: super::slots::SlotSequences,
 }
 
 impl<B: Backend> EngineCore<B> {
@@ -69,6 +71,7 @@ impl<B: Backend> EngineCore<B> {
             executor: Executor::new(backend, slots, metrics.clone()),
             sessions,
             metrics,
+            slot_seqs: super::slots::SlotSequences::new(slots),
         }
     }
 
@@ -138,6 +141,15 @@ impl<B: Backend> EngineCore<B> {
         }
     }
 
+    /// Saves, restores or erases a slot's KV, between steps.
+    pub(super) fn slot_action(&mut self, action: super::slots::SlotAction) {
+        let slots = self.scheduler.slots();
+        let backend = self.executor.backend_mut();
+        self.slot_seqs
+            .run(slots, &mut self.sessions, backend, action);
+        self.publish_metrics();
+    }
+
     /// Fails everything (the engine is stopping).
     pub fn shutdown(&mut self) {
         let u = self.scheduler.fail_all(&EngineError::EngineStopped);
@@ -154,6 +166,7 @@ impl<B: Backend> EngineCore<B> {
         let mut short_of_room = false;
         for _ in 0..MAX_REPLANS {
             let plan = self.scheduler.schedule(&self.sessions, short_of_room);
+            self.slot_seqs.note(&plan.admissions);
             if plan.is_empty() {
                 break;
             }

@@ -11,6 +11,7 @@ mod lora;
 mod metrics;
 mod prepare;
 mod request;
+mod slots;
 pub mod validate;
 
 pub use self::core::EngineCore;
@@ -24,6 +25,7 @@ pub use request::{
     ReasoningBudget, ReasoningBudgetRequest, RequestEvent, RequestStats, Speculation,
     SpeculativeRequest, TextDelta, TokenLogprobs, Usage,
 };
+pub use slots::{KvErased, KvHolder, KvRestored, KvSaved, SlotActionError};
 pub use validate::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};
 
 #[cfg(feature = "llama")]
@@ -43,6 +45,8 @@ enum Command {
     Submit(PreparedRequest, QueuePlace),
     Cancel(RequestId),
     CancelAll,
+    /// Save, restore or erase a slot's KV (see [`slots`]).
+    Slot(slots::SlotAction),
     Shutdown,
 }
 
@@ -466,6 +470,7 @@ fn run_engine<B: Backend>(
             Command::Submit(r, place) => core.enqueue(r, Some(place)),
             Command::Cancel(id) => core.cancel(id),
             Command::CancelAll => core.cancel_all(),
+            Command::Slot(a) => core.slot_action(a),
             Command::Shutdown => return false,
         }
         true
@@ -550,6 +555,7 @@ impl std::fmt::Debug for Command {
             Command::Submit(r, _) => write!(f, "Submit({})", r.id),
             Command::Cancel(id) => write!(f, "Cancel({id})"),
             Command::CancelAll => write!(f, "CancelAll"),
+            Command::Slot(a) => write!(f, "Slot({a:?})"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }

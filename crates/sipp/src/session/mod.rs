@@ -8,10 +8,12 @@
 
 mod mirror;
 mod reuse;
+mod slot_file;
 mod snapshot;
 
 pub use mirror::{KvMirror, KvOp, StaleLease};
 pub use reuse::{plan_acquire, AcquireAsk, Acquired, Reuse, ReusePolicy};
+pub use slot_file::{read_slot_file, write_slot_file, RestoreError, SlotFile, SlotFileError};
 pub use snapshot::{SnapshotStore, SpillHeader};
 
 use std::borrow::Cow;

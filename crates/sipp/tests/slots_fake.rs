@@ -1,0 +1,187 @@
+//! Slot save, erase and restore on the fake backend, through the public
+//! threaded API: the file round-trips, a restored slot's KV is reused by the
+//! next prompt that extends it, an erased one by nothing, a slot's KV follows
+//! the request that last used it, sessions go by `context_key`, and files of
+//! other models are refused. The mirror stays equal to the backend throughout
+//! (the idle invariant check).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sipp::config::{CacheMode, NativeRuntimeConfig};
+use sipp::engine::{Engine, GenerateRequest, KvHolder, SlotActionError};
+use sipp::runtime::fake::{FakeBackend, FakeConfig};
+use sipp::session::{read_slot_file, write_slot_file, SlotFileError};
+
+fn engine(slots: u32) -> Engine {
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_parallel = slots;
+    cfg.context.n_batch = 64;
+    cfg.context.n_ubatch = 64;
+    cfg.cache.mode = CacheMode::SharedPrefix;
+    cfg.cache.idle_sequences = 2;
+    cfg.cache.min_prefix_tokens = 8;
+    let fake = FakeConfig {
+        n_seq_max: slots + 2,
+        n_batch: 64,
+        n_ubatch: 64,
+        ..FakeConfig::default()
+    };
+    Engine::start(FakeBackend::new(fake), cfg)
+}
+
+fn run(e: &Engine, prompt: &str, key: Option<&str>) -> sipp::engine::Completion {
+    e.generate(GenerateRequest {
+        max_tokens: Some(8),
+        ignore_eos: true,
+        context_key: key.map(str::to_string),
+        ..GenerateRequest::new(prompt).greedy()
+    })
+    .expect("submit")
+    .blocking_completion()
+    .expect("completes")
+}
+
+fn dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sipp-slots-fake-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    d
+}
+
+/// Waits for the engine's next idle check and asserts it found nothing.
+fn assert_idle_invariants(e: &Engine) {
+    let before = e.metrics().idle_checks;
+    // Any command wakes the engine, which checks again once idle.
+    let _ = e.erase_kv(&KvHolder::Session("-".into()));
+    let start = Instant::now();
+    while e.metrics().idle_checks == before && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(e.metrics().invariant_violations, 0);
+}
+
+const PROMPT: &str =
+    "You are a careful assistant. Answer in one short sentence. Question: why is the sky blue?";
+
+#[test]
+fn a_slot_is_saved_erased_and_restored_into_another_slot() {
+    let d = dir("slot");
+    let e = engine(2);
+    let first = run(&e, PROMPT, None);
+    let file = d.join("a.bin");
+    let saved = e.save_kv(&KvHolder::Slot(0), &file).expect("save");
+    assert_eq!(saved.n_saved, first.usage.prompt_tokens + 7);
+    assert_eq!(
+        saved.n_written,
+        std::fs::metadata(&file).expect("file").len()
+    );
+    let read = read_slot_file(&file, &e.info().model.fingerprint, e.info().model.n_vocab)
+        .expect("read back");
+    assert_eq!(read.tokens.len(), saved.n_saved);
+    // Slot 1 served nothing: it holds nothing to save.
+    assert!(matches!(
+        e.save_kv(&KvHolder::Slot(1), &d.join("b.bin")),
+        Err(SlotActionError::Empty(_))
+    ));
+    assert_eq!(
+        e.erase_kv(&KvHolder::Slot(0)).expect("erase").n_erased,
+        saved.n_saved
+    );
+    assert_eq!(e.erase_kv(&KvHolder::Slot(0)).expect("erase").n_erased, 0);
+
+    // Restored into slot 1, the next prompt extending the tokens reuses them.
+    let continued = format!("{PROMPT}{} And why is it red at sunset?", first.text);
+    let reference = run(&engine(2), &continued, None);
+    let restored = e.restore_kv(&KvHolder::Slot(1), &file).expect("restore");
+    assert_eq!(
+        (restored.n_restored, restored.n_read),
+        (saved.n_saved, saved.n_written)
+    );
+    let second = run(&e, &continued, None);
+    assert!(
+        second.usage.cached_tokens >= first.usage.prompt_tokens,
+        "{:?}",
+        second.usage
+    );
+    assert_eq!(second.text, reference.text);
+    // The request that reused the sequence took it: slot 1 holds nothing now.
+    assert_eq!(e.erase_kv(&KvHolder::Slot(1)).expect("erase").n_erased, 0);
+    assert!(e.erase_kv(&KvHolder::Slot(0)).expect("erase").n_erased > 0);
+    let cold = run(&e, &continued, None);
+    assert_eq!(cold.usage.cached_tokens, 0, "erased KV was reused");
+    assert_eq!(cold.text, reference.text);
+
+    // Out of range, another model's file, a damaged one, a missing one.
+    assert!(matches!(
+        e.erase_kv(&KvHolder::Slot(2)),
+        Err(SlotActionError::NoSuchSlot { id: 2, slots: 2 })
+    ));
+    write_slot_file(
+        &d.join("other.bin"),
+        "another-model",
+        &read.tokens,
+        &read.state,
+    )
+    .expect("write");
+    let err = e
+        .restore_kv(&KvHolder::Slot(0), &d.join("other.bin"))
+        .expect_err("another model's file is refused");
+    assert!(
+        matches!(err, SlotActionError::File(SlotFileError::OtherModel { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another model"), "{err}");
+    let bytes = std::fs::read(&file).expect("read");
+    std::fs::write(d.join("short.bin"), &bytes[..bytes.len() - 1]).expect("write");
+    assert!(matches!(
+        e.restore_kv(&KvHolder::Slot(0), &d.join("short.bin")),
+        Err(SlotActionError::File(SlotFileError::Invalid { .. }))
+    ));
+    assert!(matches!(
+        e.restore_kv(&KvHolder::Slot(0), &d.join("missing.bin")),
+        Err(SlotActionError::File(SlotFileError::NotFound(_)))
+    ));
+    assert_idle_invariants(&e);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_session_is_saved_and_restored_by_context_key() {
+    let d = dir("session");
+    let e = engine(2);
+    let first = run(&e, PROMPT, Some("alice"));
+    let key = KvHolder::Session("alice".into());
+    let file = d.join("alice.bin");
+    let saved = e.save_kv(&key, &file).expect("save");
+    assert_eq!(saved.n_saved, first.usage.prompt_tokens + 7);
+    assert!(matches!(
+        e.save_kv(&KvHolder::Session("bob".into()), &d.join("bob.bin")),
+        Err(SlotActionError::Empty(_))
+    ));
+    assert_eq!(e.erase_kv(&key).expect("erase").n_erased, saved.n_saved);
+    // Another conversation fills the cache meanwhile.
+    run(
+        &e,
+        "Something else entirely, with a prompt long enough to matter.",
+        Some("bob"),
+    );
+    let restored = e.restore_kv(&key, &file).expect("restore");
+    assert_eq!(restored.n_restored, saved.n_saved);
+    let continued = format!("{PROMPT}{} Tell me more.", first.text);
+    let second = run(&e, &continued, Some("alice"));
+    assert!(
+        second.usage.cached_tokens >= first.usage.prompt_tokens,
+        "{:?}",
+        second.usage
+    );
+    assert_eq!(second.text, run(&engine(2), &continued, None).text);
+    // Restoring again replaces what the session held.
+    assert_eq!(
+        e.restore_kv(&key, &file).expect("restore").n_restored,
+        saved.n_saved
+    );
+    assert_eq!(e.erase_kv(&key).expect("erase").n_erased, saved.n_saved);
+    assert_idle_invariants(&e);
+    let _ = std::fs::remove_dir_all(&d);
+}
