@@ -185,3 +185,35 @@ fn a_session_is_saved_and_restored_by_context_key() {
     assert_idle_invariants(&e);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn kv_computed_under_lora_adapters_is_not_saved() {
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_parallel = 2;
+    cfg.context.n_batch = 64;
+    cfg.context.n_ubatch = 64;
+    cfg.lora = vec![sipp::config::LoraAdapterConfig::new(
+        "/adapters/a.gguf".into(),
+        1.0,
+    )];
+    let fake = FakeConfig {
+        n_seq_max: 4,
+        n_batch: 64,
+        n_ubatch: 64,
+        ..FakeConfig::default()
+    };
+    let e = Engine::start(FakeBackend::new(fake), cfg);
+    // The adapter applies to requests that choose none (its global scale).
+    run(&e, "A conversation under the adapter", Some("lora"));
+    let d = dir("lora");
+    let err = e
+        .save_kv(&KvHolder::Session("lora".into()), &d.join("s.bin"))
+        .expect_err("refused");
+    assert!(matches!(err, SlotActionError::Adapters(_)), "{err}");
+    assert!(!d.join("s.bin").exists());
+    // With the adapter off, the same conversation saves.
+    e.set_lora_scales(&[]).expect("off");
+    run(&e, "A conversation on the base model", Some("base"));
+    e.save_kv(&KvHolder::Session("base".into()), &d.join("b.bin"))
+        .expect("saved");
+}

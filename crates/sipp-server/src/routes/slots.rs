@@ -77,6 +77,10 @@ fn api_error(e: SlotActionError, holder: &KvHolder) -> ApiError {
     };
     match &e {
         SlotActionError::NoSuchSlot { .. } => bad("id_slot"),
+        SlotActionError::Adapters(_) => match holder {
+            KvHolder::Slot(_) => bad("id_slot"),
+            KvHolder::Session(_) => bad("context_key"),
+        },
         SlotActionError::Busy(_) => error(
             StatusCode::CONFLICT,
             "invalid_request_error",

@@ -59,6 +59,10 @@ pub enum SlotActionError {
     /// Nothing resident to save.
     #[error("{0} holds no KV to save")]
     Empty(String),
+    /// Its KV was computed under LoRA adapters, which a slot file does not
+    /// record (it would come back as the base model's).
+    #[error("{0} holds KV computed under LoRA adapters, which cannot be saved (a slot file holds the base model's KV only)")]
+    Adapters(String),
     /// The file could not be written, read or used.
     #[error(transparent)]
     File(#[from] SlotFileError),
@@ -287,6 +291,9 @@ impl SlotSequences {
             .filter(|&s| kv.resident_len(s) > 0)
             .max_by_key(|&s| kv.resident_len(s))
             .ok_or_else(|| SlotActionError::Empty(holder.to_string()))?;
+        if kv.mirror().adapters_of(seq) != 0 {
+            return Err(SlotActionError::Adapters(holder.to_string()));
+        }
         Ok(kv.save_sequence(backend, seq))
     }
 

@@ -241,7 +241,11 @@ impl KvSessions {
         // Recorded as if just decoded: the mirror holds the tokens and the
         // sequence counts as the most recently used.
         self.mirror.record(seq, tokens);
-        self.mirror.seqs[seq as usize].context_key = context_key.map(str::to_string);
+        let e = &mut self.mirror.seqs[seq as usize];
+        e.context_key = context_key.map(str::to_string);
+        // A slot file holds the base model's KV (saving refuses KV computed
+        // under LoRA adapters).
+        e.adapters = 0;
         Ok(())
     }
 }
