@@ -27,8 +27,11 @@ def complete(base, prompt, lora, tokens):
         return json.load(r)["usage"]["completion_tokens"]
 
 
-def scenario(base, loras, tokens):
-    prompts = [f"Story {i}: once upon a time, in a town by the sea," for i in range(len(loras))]
+def scenario(base, name, loras, tokens):
+    # Prompts of their own per scenario: no server reuses another scenario's
+    # KV (llama-server would, even across adapter sets).
+    prompts = [f"{name} story {i}: once upon a time, in a town by the sea,"
+               for i in range(len(loras))]
     start = time.monotonic()
     with ThreadPoolExecutor(len(loras)) as pool:
         done = sum(pool.map(lambda a: complete(base, a[0], a[1], tokens), zip(prompts, loras)))
@@ -40,9 +43,9 @@ def main():
     complete(base, "warm up", A, 4)
     mixed = [[NONE, A, B][i % 3] for i in range(slots)]
     out = {
-        "no adapters": scenario(base, [NONE] * slots, tokens),
-        "one set (A)": scenario(base, [A] * slots, tokens),
-        "three sets mixed": scenario(base, mixed, tokens),
+        "no adapters": scenario(base, "Plain", [NONE] * slots, tokens),
+        "one set (A)": scenario(base, "Adapted", [A] * slots, tokens),
+        "three sets mixed": scenario(base, "Mixed", mixed, tokens),
     }
     print(json.dumps(out))
 

@@ -493,3 +493,29 @@ fn a_reasoning_budget_closes_the_block_at_its_token_count() {
         "the close was forced"
     );
 }
+
+#[test]
+fn a_short_prompt_repeated_reuses_all_but_its_last_token() {
+    // Shorter than `min_prefix_tokens` (8): only a whole-prompt hit is reused.
+    let e = engine(2, CacheMode::SharedPrefix, FakeConfig::default());
+    let first = e
+        .generate(greedy("Hi yo", 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes");
+    assert_eq!(first.usage.cached_tokens, 0);
+    let again = e
+        .generate(greedy("Hi yo", 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes");
+    assert_eq!(again.usage.cached_tokens, again.usage.prompt_tokens - 1);
+    assert_eq!(again.text, first.text);
+    // A short prompt that only starts like the cached one computes afresh.
+    let other = e
+        .generate(greedy("Hi there", 4))
+        .expect("submit")
+        .blocking_completion()
+        .expect("completes");
+    assert_eq!(other.usage.cached_tokens, 0);
+}

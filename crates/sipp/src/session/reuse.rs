@@ -248,7 +248,11 @@ fn choose(
     if let Some((src, n)) = other {
         return Some((fresh, Reuse::SharedFrom(src), n));
     }
-    if idle_n < policy.min_prefix {
+    // A prefix shorter than `min_prefix` is not worth a sequence, except a
+    // whole prompt (all but its last token, short prompts repeated): that
+    // costs nothing to reuse and saves the whole prefill.
+    let whole_prompt = idle_n > 0 && idle_n == cap;
+    if idle_n < policy.min_prefix && !whole_prompt {
         return Some((fresh, Reuse::Cold, 0));
     }
     // Keep a longer history intact for others by sharing its prefix into an
