@@ -321,3 +321,50 @@ fn adapters_change_greedy_output_as_llama_cpp_does_alone_and_batched_together() 
     let after = query(&c, &s, None, PROMPTS[0], Some(&sets()[1].1));
     same_up_to_near_tie(&alone[0][1], &after.tokens, "after bad input");
 }
+
+/// Adapters from TOML, with an alias, on a target loaded on demand: a
+/// request naming the adapter (by `TARGET:NAME` or its alias) loads the
+/// target and runs with the adapter.
+#[test]
+fn an_adapter_alias_loads_its_on_demand_target() {
+    let a = adapter("1");
+    let model = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
+    let dir = std::env::temp_dir().join(format!("sipp-lora-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[models]]\nid = \"chat\"\nmodel = \"{}\"\nload = \"on_demand\"\n\
+             [[models.runtime.lora]]\npath = \"{}\"\nname = \"pirate\"\naliases = [\"smol-pirate\"]\napply = false\n",
+            model.display(),
+            a.display()
+        ),
+    )
+    .expect("config");
+    let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
+    let c = Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client");
+    let by_alias = query(&c, &s, Some("smol-pirate"), PROMPTS[0], None);
+    let by_name = query(&c, &s, Some("chat:pirate"), PROMPTS[0], None);
+    let explicit = query(
+        &c,
+        &s,
+        Some("chat"),
+        PROMPTS[0],
+        Some(&json!([{"id": 0, "scale": 1.0}])),
+    );
+    let base = query(&c, &s, Some("chat"), PROMPTS[0], None);
+    same_up_to_near_tie(&explicit, &by_alias.tokens, "alias");
+    same_up_to_near_tie(&explicit, &by_name.tokens, "TARGET:NAME");
+    assert!(
+        differ(&base, &explicit),
+        "apply = false: the base model by default"
+    );
+    let count = s
+        .metric("sipp_lora_requests_total{model=\"chat\",adapter=\"pirate\"}")
+        .unwrap_or(0.0);
+    assert_eq!(count, 3.0);
+}

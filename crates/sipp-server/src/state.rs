@@ -293,6 +293,21 @@ impl AppState {
         (requested, id)
     }
 
+    /// The target id a `model` names, `TARGET:ADAPTER` included (the
+    /// target's), for the middlewares that load or forward a target before
+    /// the route resolves the adapter.
+    pub(crate) fn target_id_of<'a>(&'a self, model: Option<&'a str>) -> &'a str {
+        let (_, id) = self.named(model);
+        let known = |id: &str| self.targets.read().is_ok_and(|t| t.contains_key(id));
+        if known(id) {
+            return id;
+        }
+        match id.rsplit_once(':') {
+            Some((base, _)) if known(self.named(Some(base)).1) => self.named(Some(base)).1,
+            _ => id,
+        }
+    }
+
     /// Whether any target is served by a child process (the forwarding
     /// middleware reads bodies only then).
     pub fn has_supervised_targets(&self) -> bool {
@@ -307,7 +322,8 @@ impl AppState {
         &self,
         model: Option<&str>,
     ) -> Result<Option<(String, crate::child::ChildLink)>, ApiError> {
-        let (requested, id) = self.named(model);
+        let (requested, _) = self.named(model);
+        let id = self.target_id_of(model);
         let link = match self.targets.read() {
             Ok(t) => match t.get(id) {
                 Some(TargetState::Forwarded(link)) => link.clone(),

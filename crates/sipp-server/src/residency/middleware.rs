@@ -56,8 +56,7 @@ pub async fn ensure_loaded(State(state): State<AppState>, req: Request, next: Ne
                 .await
         }
     };
-    let (_, id) = state.named(named.as_deref());
-    let id = id.to_string();
+    let id = state.target_id_of(named.as_deref()).to_string();
     if !state.caller_may_use(&id) {
         return next
             .run(Request::from_parts(parts, Body::from(bytes)))
