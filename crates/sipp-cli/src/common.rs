@@ -50,9 +50,9 @@ impl From<StartError> for CliError {
     fn from(e: StartError) -> Self {
         match &e {
             StartError::Config(_)
-            | StartError::Runtime(RuntimeError::InvalidModel(_) | RuntimeError::Placement(_)) => {
-                CliError::usage(e.to_string())
-            }
+            | StartError::Runtime(
+                RuntimeError::InvalidModel(_) | RuntimeError::Placement(_) | RuntimeError::Lora(_),
+            ) => CliError::usage(e.to_string()),
             StartError::Runtime(_) => CliError::runtime(e.to_string()),
         }
     }

@@ -117,6 +117,25 @@ fn bad_model_paths_are_clear_errors() {
     );
 }
 
+/// A `--lora` file that is not a LoRA adapter is refused by name, by `run`
+/// and by `serve` before it binds its port.
+#[test]
+fn bad_lora_adapters_are_clear_errors() {
+    let model = default_model();
+    let text = tmp("not-an-adapter.gguf");
+    std::fs::write(&text, "this is not an adapter").expect("write");
+    let text = text.to_str().expect("utf8");
+    assert_bad_input(&["run", "--lora", text, "hi"], "not a GGUF file");
+    assert_bad_input(
+        &["run", "--lora", model.to_str().expect("utf8"), "hi"],
+        "not a LoRA adapter",
+    );
+    assert_bad_input(&["serve", "--lora", text, "--port", "0"], "adapter 0");
+    let o = sipp(&["run", "--lora-scaled", "a.gguf", "hi"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("FNAME:SCALE"), "{}", stderr(&o));
+}
+
 #[test]
 fn bad_prompts_are_clear_errors() {
     default_model();

@@ -113,6 +113,11 @@ async fn local_only_options_work_and_embedding_is_refused_on_a_generation_model(
         .await
         .expect_err("empty");
     assert!(err.to_string().contains("empty"), "{err}");
+    // `lora` reaches the engine: this model has no adapters to choose.
+    let mut q = QueryRequest::new("x").max_tokens(1);
+    q.options.local.lora = Some(vec![sipp::engine::LoraScale { id: 0, scale: 1.0 }]);
+    let err = c.query("local", q).await.expect_err("no adapters");
+    assert!(err.to_string().contains("no LoRA adapters"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

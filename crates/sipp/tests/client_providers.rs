@@ -466,6 +466,13 @@ async fn validation_happens_before_anything_is_sent() {
             "sampling",
         ),
         (
+            "pv",
+            local_only(|r| {
+                r.options.local.lora = Some(vec![sipp::engine::LoraScale { id: 0, scale: 1.0 }])
+            }),
+            "lora",
+        ),
+        (
             "gw",
             local_only(|r| r.options.provider.user = Some("u".into())),
             "provider options",

@@ -174,3 +174,32 @@ fn named_adapters_global_scales_and_bad_ids() {
         assert!(e.set_lora_scales(&bad).is_err());
     }
 }
+
+#[test]
+fn embeddings_run_with_the_global_scales() {
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_parallel = 2;
+    cfg.context.embeddings = true;
+    cfg.lora = vec![LoraAdapterConfig::new("/adapters/a.gguf".into(), 1.0)];
+    let fake = FakeConfig {
+        n_seq_max: 4,
+        embeddings: Some(sipp::runtime::Pooling::Mean),
+        ..FakeConfig::default()
+    };
+    let e = Engine::start(FakeBackend::new(fake), cfg);
+    let embed = |e: &Engine| {
+        e.embed(sipp::engine::EmbedRequest::new("some text"))
+            .expect("submit")
+            .blocking_embedding()
+            .expect("embeds")
+            .values
+    };
+    let adapted = embed(&e);
+    e.set_lora_scales(&[]).expect("off");
+    let base = embed(&e);
+    assert_ne!(adapted, base);
+    // `TARGET:NAME` selects the adapter for embeddings too.
+    let named = e.with_adapter("a").expect("adapter a");
+    assert_eq!(embed(&named), adapted);
+    assert_eq!(e.lora_request_counts(), vec![2]);
+}

@@ -242,9 +242,7 @@ async fn stdin_closed() {
 /// targets are checked when they load.
 fn check_placements(cfg: &ServeConfig) -> Result<(), CliError> {
     for t in &cfg.models {
-        let local = t.provider.is_none()
-            && t.runtime.placement.rpc.is_empty()
-            && t.load == sipp_server::config::LoadWhen::Startup;
+        let local = t.provider.is_none() && t.runtime.placement.rpc.is_empty();
         let Some(path) = local
             .then(|| sipp::models::resolve(&t.model).ok())
             .flatten()
@@ -252,12 +250,38 @@ fn check_placements(cfg: &ServeConfig) -> Result<(), CliError> {
             continue;
         };
         let r = &t.runtime;
+        check_adapters(&t.id, &path, r)?;
+        if t.load != sipp_server::config::LoadWhen::Startup {
+            continue;
+        }
         let n_seq = r.slots() + r.cache.idle_sequences;
         if let Err(e @ sipp::runtime::RuntimeError::Placement(_)) =
             sipp::runtime::llama::check_placement(&path, r, n_seq)
         {
             return Err(CliError::usage(format!("model `{}`: {e}", t.id)));
         }
+    }
+    Ok(())
+}
+
+/// Refuses, before the port is bound, a LoRA adapter that is not one or
+/// is made for another architecture (as llama-server exits on a bad
+/// `--lora`).
+fn check_adapters(
+    id: &str,
+    model: &std::path::Path,
+    r: &sipp::NativeRuntimeConfig,
+) -> Result<(), CliError> {
+    if r.lora.is_empty() {
+        return Ok(());
+    }
+    let arch = sipp::runtime::gguf::check_gguf(model)
+        .ok()
+        .and_then(|h| h.architecture().map(str::to_string))
+        .unwrap_or_default();
+    for (i, a) in r.lora.iter().enumerate() {
+        sipp::runtime::lora::check_adapter(i, &a.path, &arch)
+            .map_err(|e| CliError::usage(format!("model `{id}`: {e}")))?;
     }
     Ok(())
 }

@@ -441,7 +441,7 @@ impl Engine {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let prepared = self.inner.preparer.prepare_embed(id, req, tx)?;
-        self.submit(prepared, rx)
+        self.submit_embedding(prepared, rx)
     }
 
     /// Submits one (query, document) pair to a reranker (a model with rank
@@ -455,7 +455,23 @@ impl Engine {
             .inner
             .preparer
             .prepare_rerank(id, query, document, tx)?;
-        self.submit(prepared, rx)
+        self.submit_embedding(prepared, rx)
+    }
+
+    /// Submits an embedding or rerank request with the adapters this clone
+    /// selects, else every adapter at its global scale (as llama-server
+    /// computes embeddings with its global LoRA scales).
+    fn submit_embedding(
+        &self,
+        mut prepared: PreparedRequest,
+        rx: UnboundedReceiver<RequestEvent>,
+    ) -> Result<RequestHandle, EngineError> {
+        let lora = &self.inner.preparer.lora;
+        prepared.adapters = lora.resolve(self.lora.as_deref())?;
+        let adapters = prepared.adapters.clone();
+        let handle = self.submit(prepared, rx)?;
+        lora.count(&adapters);
+        Ok(handle)
     }
 }
 

@@ -367,6 +367,15 @@ impl FakeBackend {
         )
     }
 
+    /// The fake LoRA on embeddings: the applied set shifts the vector.
+    fn adapted(&self, mut v: Vec<f32>) -> Vec<f32> {
+        let key = self.adapters.key();
+        if key != 0 {
+            v[0] += 1.0 + (key % 1000) as f32 / 1000.0;
+        }
+        v
+    }
+
     fn fake_embedding(tokens: &[Token]) -> Vec<f32> {
         let mut v = vec![0.0f32; N_EMBD];
         for &t in tokens {
@@ -480,7 +489,7 @@ impl Backend for FakeBackend {
                 self.outputs.push(Some(logits));
                 if self.cfg.embeddings.is_some() {
                     self.seq_embeddings
-                        .insert(r.seq, Self::fake_embedding(&history));
+                        .insert(r.seq, self.adapted(Self::fake_embedding(&history)));
                 }
             } else {
                 self.outputs.push(None);
@@ -503,7 +512,8 @@ impl Backend for FakeBackend {
             self.outputs.push(None);
         }
         for (seq, toks) in per_seq {
-            self.seq_embeddings.insert(seq, Self::fake_embedding(&toks));
+            let e = self.adapted(Self::fake_embedding(&toks));
+            self.seq_embeddings.insert(seq, e);
         }
         Ok(())
     }

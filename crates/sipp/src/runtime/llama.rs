@@ -94,8 +94,7 @@ fn model_ptr(model: &LlamaModel) -> *mut llama_cpp_sys_2::llama_model {
 }
 
 /// Loads the configured LoRA adapters for `model`, after checking each file
-/// is a LoRA adapter for this architecture (llama.cpp would only log why
-/// it refused one).
+/// is a LoRA adapter for this architecture ([`super::lora::check_adapter`]).
 fn load_adapters(
     model: &LlamaModel,
     arch: &str,
@@ -105,27 +104,7 @@ fn load_adapters(
     for (id, a) in config.lora.iter().enumerate() {
         let failed =
             |m: String| RuntimeError::Lora(format!("adapter {id} ({}): {m}", a.path.display()));
-        let header = super::gguf::check_gguf(&a.path).map_err(|e| failed(e.to_string()))?;
-        let text = |k: &str| {
-            header
-                .metadata
-                .get(k)
-                .and_then(|v| v.as_str())
-                .unwrap_or("")
-        };
-        if text("general.type") != "adapter" || text("adapter.type") != "lora" {
-            return Err(failed(format!(
-                "not a LoRA adapter (general.type `{}`, adapter.type `{}`)",
-                text("general.type"),
-                text("adapter.type")
-            )));
-        }
-        if header.architecture() != Some(arch) {
-            return Err(failed(format!(
-                "made for a `{}` model, and this model is `{arch}`",
-                header.architecture().unwrap_or("?")
-            )));
-        }
+        super::lora::check_adapter(id, &a.path, arch)?;
         let cpath = std::ffi::CString::new(a.path.to_string_lossy().as_bytes())
             .map_err(|_| failed("path contains a NUL byte".into()))?;
         // SAFETY: a live model and a NUL-terminated path.

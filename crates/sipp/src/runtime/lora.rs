@@ -77,6 +77,41 @@ impl Hash for AdapterSet {
     }
 }
 
+/// Checks, from its header alone, that `path` is a LoRA adapter made for a
+/// model of architecture `arch` (llama.cpp would only log why it refused
+/// it). `id` names it in the error.
+pub fn check_adapter(
+    id: usize,
+    path: &std::path::Path,
+    arch: &str,
+) -> Result<(), super::RuntimeError> {
+    let failed =
+        |m: String| super::RuntimeError::Lora(format!("adapter {id} ({}): {m}", path.display()));
+    let header = super::gguf::check_gguf(path).map_err(|e| failed(e.to_string()))?;
+    let text = |k: &str| {
+        header
+            .metadata
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    if text("general.type") != "adapter" || text("adapter.type") != "lora" {
+        return Err(failed(format!(
+            "not a LoRA adapter (general.type `{}`, adapter.type `{}`)",
+            text("general.type"),
+            text("adapter.type")
+        )));
+    }
+    if header.architecture() != Some(arch) {
+        return Err(failed(format!(
+            "made for a `{}` model, and this model is `{arch}`",
+            header.architecture().unwrap_or("?")
+        )));
+    }
+    Ok(())
+}
+
 /// A loaded adapter as requests and `/lora-adapters` see it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LoraAdapterInfo {
