@@ -13,6 +13,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use common::post_json as post;
 use common::Server;
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
@@ -53,12 +54,6 @@ fn bodies() -> Vec<Value> {
 fn tiny_fim() -> PathBuf {
     let src = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model fetched");
     common::tiny_model("smollm2-tiny-fim.gguf", "tiny_fim.py", &src, &[])
-}
-
-fn post(c: &Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = c.post(url).json(body).send().expect("answered");
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
 }
 
 /// Token ids of `text` from the server's /tokenize (no BOS).

@@ -13,6 +13,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use common::post_json as post;
 use common::Server;
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
@@ -55,12 +56,6 @@ struct Gen {
     tokens: Vec<i64>,
     gaps: Vec<f32>,
     text: String,
-}
-
-fn post(c: &Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = c.post(url).json(body).send().expect("answered");
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
 }
 
 fn query(c: &Client, s: &Server, model: Option<&str>, prompt: &str, lora: Option<&Value>) -> Gen {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::post_json as post;
 use common::Server;
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
@@ -123,12 +124,6 @@ fn config(dir: &std::path::Path, plain: &Path, templated: &Path, one_slot: bool)
     let path = dir.join("sipp.toml");
     std::fs::write(&path, toml).expect("write config");
     path
-}
-
-fn post(c: &Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = c.post(url).json(body).send().expect("answered");
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
 }
 
 /// Scores by document index, from a rerank answer.

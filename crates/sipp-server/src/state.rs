@@ -201,12 +201,7 @@ impl AppState {
         adapter: &str,
         requested: &str,
     ) -> Result<(String, Target), ApiError> {
-        let known = self
-            .targets
-            .read()
-            .map(|t| t.contains_key(self.named(Some(base)).1))
-            .unwrap_or(false);
-        if !known {
+        if !self.is_target(self.named(Some(base)).1) {
             return Err(ApiError::unknown_model(requested));
         }
         let (id, target) = self.resolve(Some(base))?;
@@ -298,14 +293,21 @@ impl AppState {
     /// the route resolves the adapter.
     pub(crate) fn target_id_of<'a>(&'a self, model: Option<&'a str>) -> &'a str {
         let (_, id) = self.named(model);
-        let known = |id: &str| self.targets.read().is_ok_and(|t| t.contains_key(id));
-        if known(id) {
+        if self.is_target(id) {
             return id;
         }
-        match id.rsplit_once(':') {
-            Some((base, _)) if known(self.named(Some(base)).1) => self.named(Some(base)).1,
+        match id
+            .rsplit_once(':')
+            .map(|(base, _)| self.named(Some(base)).1)
+        {
+            Some(base) if self.is_target(base) => base,
             _ => id,
         }
+    }
+
+    /// Whether `id` is a target's id (aliases not resolved).
+    fn is_target(&self, id: &str) -> bool {
+        self.targets.read().is_ok_and(|t| t.contains_key(id))
     }
 
     /// Whether any target is served by a child process (the forwarding

@@ -300,6 +300,18 @@ impl Drop for LlamaServer {
     }
 }
 
+/// POSTs a JSON body to `url`: the status and the JSON answer (`Null`
+/// when it is not JSON).
+pub fn post_json(
+    c: &reqwest::blocking::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = c.post(url).json(body).send().expect("answered");
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(serde_json::Value::Null))
+}
+
 /// The Python that runs the repository's scripts (`SIPP_PYTHON`, the venv
 /// `scripts/test.sh` makes, else `python3`).
 pub fn python() -> String {

@@ -273,11 +273,6 @@ impl Engine {
         })
     }
 
-    /// The adapter this clone selects (see [`Self::with_adapter`]).
-    pub fn selected_adapter(&self) -> Option<&[LoraScale]> {
-        self.lora.as_deref()
-    }
-
     /// The model's LoRA adapters with their global scales.
     pub fn lora_adapters(&self) -> Vec<LoraAdapterState> {
         self.inner.preparer.lora.states()
