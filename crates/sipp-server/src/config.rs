@@ -75,6 +75,13 @@ pub struct ServerSection {
     /// `--slot-save-path`). Unset (the default): saving and restoring answer
     /// 501.
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Fetch http(s) image URLs of chat requests (`--fetch-image-urls`).
+    /// Default false: only `data:` URLs are read, and an http(s) URL is a 400.
+    pub fetch_image_urls: bool,
+    /// Seconds one image fetch may take. Default 10.
+    pub image_fetch_timeout_secs: u64,
+    /// Bytes one fetched image may have. Default 20 MiB.
+    pub image_fetch_max_bytes: usize,
 }
 
 /// When a model target is loaded.
@@ -132,6 +139,9 @@ impl Default for ServerSection {
             idle_unload_secs: None,
             load_wait_secs: 300,
             slot_save_path: None,
+            fetch_image_urls: false,
+            image_fetch_timeout_secs: 10,
+            image_fetch_max_bytes: 20 << 20,
         }
     }
 }

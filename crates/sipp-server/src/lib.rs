@@ -9,6 +9,7 @@ pub mod child;
 pub mod config;
 pub mod dashboard;
 pub mod error;
+pub mod images;
 pub mod metrics;
 pub mod policy;
 pub mod residency;

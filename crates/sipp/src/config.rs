@@ -44,6 +44,45 @@ pub struct NativeRuntimeConfig {
     pub speculative: SpeculativeConfig,
     /// LoRA adapters loaded with the model (`[[lora]]`), in id order.
     pub lora: Vec<LoraAdapterConfig>,
+    /// A multimodal projector (llama.cpp's `mmproj` GGUF) that lets the model
+    /// take images (`--mmproj`). None by default.
+    pub mmproj: Option<PathBuf>,
+    /// What one request may send in images.
+    pub images: ImageConfig,
+}
+
+/// Limits on the images of one request (with a projector loaded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageConfig {
+    /// Images per request. Default 8.
+    pub max_images: usize,
+    /// Encoded bytes per image. Default 20 MiB.
+    pub max_image_bytes: usize,
+    /// Pixels per side. Default 8192.
+    pub max_image_side: u32,
+}
+
+impl Default for ImageConfig {
+    fn default() -> Self {
+        let d = crate::media::ImageLimits::default();
+        Self {
+            max_images: d.max_images,
+            max_image_bytes: d.max_bytes,
+            max_image_side: d.max_side,
+        }
+    }
+}
+
+impl ImageConfig {
+    /// As the limits the image decoder checks.
+    pub fn limits(&self) -> crate::media::ImageLimits {
+        crate::media::ImageLimits {
+            max_images: self.max_images,
+            max_bytes: self.max_image_bytes,
+            max_side: self.max_image_side,
+        }
+    }
 }
 
 /// A LoRA adapter (GGUF) loaded with the model. Its id is its place in the

@@ -27,6 +27,7 @@ pub mod chat;
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod media;
 pub mod models;
 pub mod protocol;
 pub mod runtime;

@@ -84,6 +84,12 @@ pub struct ServeArgs {
     pub placement: crate::common::PlacementArgs,
     #[command(flatten)]
     pub lora: crate::common::LoraArgs,
+    #[command(flatten)]
+    pub projector: crate::common::ProjectorArgs,
+    /// Fetch http(s) image URLs in requests (server.fetch_image_urls; off
+    /// by default: only data URLs are read).
+    #[arg(long = "fetch-image-urls")]
+    pub fetch_image_urls: bool,
 }
 
 /// The effective configuration.
@@ -118,6 +124,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
     }
     if let Some(d) = &args.slot_save_path {
         cfg.server.slot_save_path = Some(d.clone());
+    }
+    if args.fetch_image_urls {
+        cfg.server.fetch_image_urls = true;
     }
     if let Some(n) = args.models_max {
         cfg.server.models_max = Some(n);
@@ -189,6 +198,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<ServeConfig, CliError> {
         args.placement.apply(&mut t.runtime);
         if t.provider.is_none() {
             args.lora.apply(&mut t.runtime);
+            args.projector.apply(&mut t.runtime);
         }
     }
     cfg.child = args.supervised;
@@ -272,6 +282,14 @@ fn check_adapters(
     model: &std::path::Path,
     r: &sipp::NativeRuntimeConfig,
 ) -> Result<(), CliError> {
+    if let Some(p) = &r.mmproj {
+        if !p.is_file() {
+            return Err(CliError::usage(format!(
+                "model `{id}`: projector {}: no such file",
+                p.display()
+            )));
+        }
+    }
     if r.lora.is_empty() {
         return Ok(());
     }

@@ -343,3 +343,50 @@ pub fn tiny_model(
     }
     out
 }
+
+/// A tool from llama.cpp's reference build (scripts/reference-tools.sh):
+/// `SIPP_LLAMA_BIN` (scripts/test.sh sets it), else the folder of
+/// `SIPP_LLAMA_SERVER`. The comparisons that need one fail without it.
+pub fn reference_tool(name: &str) -> std::path::PathBuf {
+    let dir = std::env::var("SIPP_LLAMA_BIN")
+        .map(std::path::PathBuf::from)
+        .or_else(|_| {
+            std::env::var("SIPP_LLAMA_SERVER").map(|s| {
+                std::path::PathBuf::from(s)
+                    .parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default()
+            })
+        })
+        .expect(
+            "SIPP_LLAMA_BIN names llama.cpp's reference tools (scripts/test.sh sets it; \
+             scripts/reference-tools.sh builds them)",
+        );
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is missing: run scripts/reference-tools.sh",
+        bin.display()
+    );
+    bin
+}
+
+/// A tiny test model in the model cache, named `name`, written on first use
+/// by `scripts/SCRIPT OUT ARGS...` (a generator that needs no source model).
+pub fn tiny_model_from_scratch(name: &str, script: &str, args: &[&str]) -> std::path::PathBuf {
+    let out = sipp::models::cache_dir().join(name);
+    if !out.exists() {
+        let made = Command::new(python())
+            .arg(manifest_dir().join("../../scripts").join(script))
+            .arg(&out)
+            .args(args)
+            .output()
+            .expect("python runs");
+        assert!(
+            made.status.success(),
+            "{script} failed (scripts/test.sh installs its packages into SIPP_PYTHON's venv): {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    out
+}

@@ -152,6 +152,7 @@ fn prepare(engine: &Engine, conv: Conversation<'_>) -> Result<PreparedTurn, ApiE
 fn prompt_len(engine: &Engine, prompt: &PromptInput) -> usize {
     match prompt {
         PromptInput::Tokens(t) => t.len(),
+        PromptInput::Media(m) => m.tokens.len(),
         PromptInput::Text(s) => engine
             .vocab()
             .tokenize(s, true, true)
@@ -183,9 +184,13 @@ fn sse_event(e: &StreamEvent) -> Event {
 /// POST /v1/messages.
 pub async fn messages(
     State(state): State<AppState>,
-    AnthropicJson(req): AnthropicJson<MessagesRequest>,
+    AnthropicJson(mut req): AnthropicJson<MessagesRequest>,
 ) -> Result<Response, AnthropicError> {
     let (model, target) = state.target(req.model.as_deref())?;
+    if matches!(target, Target::Local(_)) {
+        let urls = crate::images::anthropic_urls(&mut req.messages);
+        crate::images::fetch_remote(&state, urls, "messages").await?;
+    }
     if req.max_tokens < 1 {
         return Err(ApiError::bad_field(
             "max_tokens",

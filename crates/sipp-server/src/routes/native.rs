@@ -203,13 +203,19 @@ pub async fn query(
 /// POST /v1/chat.
 pub async fn chat(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<ChatBody>,
+    ApiJson(mut req): ApiJson<ChatBody>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
     let engine = match target {
         Target::Local(e) => e,
         Target::Remote(r) => return super::remote::chat(model, r, req).await,
     };
+    crate::images::fetch_remote(
+        &state,
+        crate::images::chat_urls(&mut req.messages),
+        "messages",
+    )
+    .await?;
     if let Some(e) = ApiError::cannot_generate(&engine) {
         return Err(e);
     }

@@ -516,13 +516,19 @@ pub(super) fn chat_turn(
 /// POST /v1/chat/completions.
 pub async fn chat_completions(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<ChatCompletionRequest>,
+    ApiJson(mut req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
     let engine = match target {
         Target::Local(e) => e,
         Target::Remote(r) => return super::remote::chat_completions(model, r, req).await,
     };
+    crate::images::fetch_remote(
+        &state,
+        crate::images::chat_urls(&mut req.messages),
+        "messages",
+    )
+    .await?;
     let n = choices_n(req.n)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(_)) => {

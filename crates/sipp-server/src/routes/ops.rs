@@ -99,6 +99,8 @@ pub struct ModelMeta {
     pub offloaded_layers: u32,
     /// The model's layers plus its output layer.
     pub total_layers: u32,
+    /// What requests may send it: `text`, and `image` with a projector.
+    pub input_modalities: Vec<&'static str>,
 }
 
 impl ModelMeta {
@@ -121,6 +123,11 @@ impl ModelMeta {
             devices: p.devices.clone(),
             offloaded_layers: p.offloaded_layers,
             total_layers: p.total_layers,
+            input_modalities: if m.takes_images {
+                vec!["text", "image"]
+            } else {
+                vec!["text"]
+            },
         })
     }
 }

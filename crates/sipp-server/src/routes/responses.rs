@@ -256,7 +256,7 @@ fn input_messages(
                         ))
                     }
                 };
-                let mut msg = ChatMessage::new(role, m.content.text());
+                let mut msg = ChatMessage::new(role, m.content.to_message_content());
                 if role == Role::Assistant {
                     msg.reasoning_content = reasoning.take();
                 }
@@ -929,13 +929,15 @@ fn input_error(e: ApiError) -> ApiError {
 /// POST /v1/responses.
 pub async fn create(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<ResponsesRequest>,
+    ApiJson(mut req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     let (model, target) = state.target(req.model.as_deref())?;
     if let Target::Local(engine) = &target {
         if let Some(e) = ApiError::cannot_generate(engine) {
             return Err(e);
         }
+        let urls = crate::images::responses_urls(&mut req.input);
+        crate::images::fetch_remote(&state, urls, "input").await?;
     }
     let previous = match &req.previous_response_id {
         Some(id) => Some(state.responses.get(id).ok_or_else(|| {

@@ -233,6 +233,7 @@ pub async fn render_chat(
     // A prepared turn's prompt is already the tokenizer's ids.
     let token_ids = match super::openai::chat_turn(&engine, &req)?.prompt {
         PromptInput::Tokens(t) => t,
+        PromptInput::Media(m) => m.tokens,
         PromptInput::Text(t) => engine.prompt_tokens(&PromptInput::Text(t), true, true)?,
     };
     Ok(Json(Rendered::new("chatcmpl", model, token_ids, req.stream)).into_response())

@@ -323,7 +323,14 @@ async fn errors_are_anthropic_shaped_and_name_the_field() {
     assert!(m.contains("messages"), "{m}");
     let r = post(json!({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})).await;
     let m = assert_anthropic_error(&r, 400, "invalid_request_error");
-    assert!(m.contains("messages[0].content[0].type"), "{m}");
+    assert!(m.contains("messages[0].content[0].source.type"), "{m}");
+    // A well-formed image to a model without a projector.
+    let r = post(json!({"max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "text", "text": "what is this?"}]}]}))
+    .await;
+    let m = assert_anthropic_error(&r, 400, "invalid_request_error");
+    assert!(m.contains("takes no images"), "{m}");
     let r = post(json!({"model": "no-such", "max_tokens": 4, "messages": user("hi")})).await;
     assert_anthropic_error(&r, 404, "not_found_error");
     let r = post(json!({"model": "embed", "max_tokens": 4, "messages": user("hi")})).await;

@@ -43,10 +43,38 @@ pub enum ContentPart {
         /// The text.
         text: String,
     },
+    /// An image, by URL (OpenAI's `image_url` part): a `data:` URL with
+    /// base64 PNG, JPEG or WebP, or an http(s) URL a server may fetch.
+    ImageUrl {
+        /// The image.
+        image_url: ImageUrl,
+    },
+}
+
+/// An image part's URL and detail hint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageUrl {
+    /// `data:image/png;base64,...` or `https://...`.
+    pub url: String,
+    /// OpenAI's `auto`, `low` or `high` (accepted; the projector decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl ContentPart {
+    /// An image part from a URL.
+    pub fn image(url: impl Into<String>) -> Self {
+        ContentPart::ImageUrl {
+            image_url: ImageUrl {
+                url: url.into(),
+                detail: None,
+            },
+        }
+    }
 }
 
 /// A message's content: text, or a list of parts (OpenAI's two shapes).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -56,17 +84,49 @@ pub enum MessageContent {
 }
 
 impl MessageContent {
-    /// The content as one text (parts joined by newlines).
+    /// The content as one text: text parts joined by newlines, an image
+    /// part as [`crate::media::IMAGE_MARKER`] (where its embeddings go) with
+    /// no newline before or after it, as llama.cpp joins them.
     pub fn text(&self) -> String {
         match self {
             MessageContent::Text(t) => t.clone(),
-            MessageContent::Parts(parts) => parts
-                .iter()
-                .map(|p| match p {
-                    ContentPart::Text { text } => text.as_str(),
-                })
-                .collect::<Vec<_>>()
-                .join("\n"),
+            MessageContent::Parts(parts) => {
+                let mut out = String::new();
+                let mut after_image = false;
+                for p in parts {
+                    match p {
+                        ContentPart::Text { text } => {
+                            if !after_image && !out.is_empty() {
+                                out.push('\n');
+                            }
+                            out.push_str(text);
+                            after_image = false;
+                        }
+                        ContentPart::ImageUrl { .. } => {
+                            out.push_str(crate::media::IMAGE_MARKER);
+                            after_image = true;
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MessageContent {
+    /// A string, or a list of parts; a bad part says what is wrong with it
+    /// (an untagged enum would only say that nothing matched).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => Ok(MessageContent::Text(s)),
+            v @ serde_json::Value::Array(_) => serde_json::from_value(v)
+                .map(MessageContent::Parts)
+                .map_err(D::Error::custom),
+            _ => Err(D::Error::custom(
+                "expected a string or a list of content parts",
+            )),
         }
     }
 }
@@ -116,6 +176,31 @@ impl ChatMessage {
             tool_call_id: None,
             tool_calls: None,
             reasoning_content: None,
+        }
+    }
+
+    /// The URLs of its image parts, in order.
+    pub fn image_urls(&self) -> Vec<&str> {
+        match &self.content {
+            Some(MessageContent::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    ContentPart::ImageUrl { image_url } => Some(image_url.url.as_str()),
+                    ContentPart::Text { .. } => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether its text (not its images) contains the image marker.
+    pub fn has_marker_text(&self) -> bool {
+        match &self.content {
+            Some(MessageContent::Text(t)) => t.contains(crate::media::IMAGE_MARKER),
+            Some(MessageContent::Parts(parts)) => parts.iter().any(|p| {
+                matches!(p, ContentPart::Text { text } if text.contains(crate::media::IMAGE_MARKER))
+            }),
+            None => false,
         }
     }
 

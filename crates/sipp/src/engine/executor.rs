@@ -83,28 +83,71 @@ impl<B: Backend> Executor<B> {
                 Err(e) => out.sampler_failures.push((a.slot, e)),
             }
         }
+        // An encoder-decoder request's input is encoded once, before its
+        // decoder's first row (llama.cpp keeps one encoder output per
+        // context: such models run one request at a time).
+        for a in &plan.admissions {
+            let Some(input) = &a.encoder_input else {
+                continue;
+            };
+            if out.sampler_failures.iter().any(|(s, _)| *s == a.slot) {
+                continue;
+            }
+            let rows: Vec<BatchRow> = input
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| BatchRow {
+                    token,
+                    pos: i as u32,
+                    seq: a.lease.seq_id,
+                    output: false,
+                })
+                .collect();
+            let started = Instant::now();
+            let encoded = self.backend.encode(&rows);
+            self.metrics
+                .batch_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+            if let Err(e) = encoded {
+                out.sampler_failures.push((
+                    a.slot,
+                    EngineError::Decode(format!("llama.cpp could not encode the input: {e}")),
+                ));
+            }
+        }
         // Draft-model rows get their tokens now.
         let filled = self.fill_model_drafts(&plan.batch.spans);
         let all: &[BatchSpan] = filled.as_deref().unwrap_or(&plan.batch.spans);
         // A span whose sampler could not be built, or whose sequence came up
         // short, does not run.
-        let spans: Vec<&BatchSpan> = all
+        let (images, spans): (Vec<&BatchSpan>, Vec<&BatchSpan>) = all
             .iter()
             .filter(|s| !out.sampler_failures.iter().any(|(slot, _)| *slot == s.slot))
             .filter(|s| !out.short.iter().any(|(seq, _)| *seq == s.lease.seq_id))
-            .collect();
-        if spans.is_empty() {
+            .partition(|s| s.kind == SpanKind::Media);
+        if spans.is_empty() && images.is_empty() {
             return out;
         }
         self.metrics.steps.fetch_add(1, Relaxed);
         let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
         self.metrics.batch_rows.fetch_add(rows as u64, Relaxed);
         let started = Instant::now();
-        let ran = self.run_by_adapters(kv, plan.batch.kind, &spans);
+        let mut ran = if spans.is_empty() {
+            Some(Vec::new())
+        } else {
+            self.run_by_adapters(kv, plan.batch.kind, &spans)
+        };
         // Only decode steps (every row a sampled or drafted token with
         // logits) measure what a draft row costs: prompt rows are cheaper.
-        if spans.iter().all(|s| s.kind == SpanKind::Decode) {
+        if !spans.is_empty() && spans.iter().all(|s| s.kind == SpanKind::Decode) {
             out.timing = Some((rows, started.elapsed().as_nanos() as u64));
+        }
+        // Images run after the token rows, each as its own encode and
+        // embedding batch.
+        if let Some(outcomes) = ran.as_mut() {
+            for span in images {
+                outcomes.push(self.run_media(kv, span));
+            }
         }
         out.batch = match ran {
             Some(outcomes) => BatchOutcome::Ran(
@@ -193,6 +236,51 @@ impl<B: Backend> Executor<B> {
                 ))),
                 drafted: 0,
             }]),
+        }
+    }
+
+    /// Encodes an image span and decodes its embeddings into its sequence.
+    /// A failure leaves none of its rows in the KV cache.
+    fn run_media(&mut self, kv: &mut KvSessions, span: &BatchSpan) -> SpanOutcome {
+        let outcome = |result| SpanOutcome {
+            slot: span.slot,
+            request_id: span.request_id,
+            result,
+            drafted: 0,
+        };
+        let Some(chunk) = span.media.as_ref() else {
+            return outcome(SpanResult::Failed(EngineError::Decode(
+                "an image span without its image".into(),
+            )));
+        };
+        if let Err(e) = self.backend.set_adapters(&span.adapters) {
+            return outcome(SpanResult::Failed(EngineError::Decode(e.to_string())));
+        }
+        let seq = span.lease.seq_id;
+        let started = Instant::now();
+        let result = self.backend.decode_media(seq, span.start as u32, chunk);
+        let ns = started.elapsed().as_nanos() as u64;
+        self.metrics.batch_ns.fetch_add(ns, Relaxed);
+        self.metrics.images.fetch_add(1, Relaxed);
+        self.metrics.image_ns.fetch_add(ns, Relaxed);
+        match result {
+            Ok(()) => match kv.record_decoded(span.lease, &span.tokens) {
+                Ok(()) => outcome(SpanResult::Computed),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    outcome(SpanResult::Failed(EngineError::Decode(e.to_string())))
+                }
+            },
+            Err(e) => {
+                // An image larger than a batch may have left part of itself.
+                self.backend.kv_truncate(seq, span.start as u32);
+                match e {
+                    BatchError::NoKvSpace => skipped(span),
+                    BatchError::Failed(code) => outcome(SpanResult::Failed(EngineError::Decode(
+                        format!("llama.cpp could not compute this request's image (code {code})"),
+                    ))),
+                }
+            }
         }
     }
 

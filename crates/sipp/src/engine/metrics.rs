@@ -71,6 +71,8 @@ pub struct EngineMetrics {
     pub(crate) snapshot_bytes: AtomicU64,
     pub(crate) step_ns: AtomicU64,
     pub(crate) batch_ns: AtomicU64,
+    pub(crate) images: AtomicU64,
+    pub(crate) image_ns: AtomicU64,
     pub(crate) idle_checks: AtomicU64,
     pub(crate) invariant_violations: AtomicU64,
     pub(crate) slots: Mutex<Vec<SlotView>>,
@@ -129,6 +131,11 @@ pub struct MetricsSnapshot {
     pub step_ns: u64,
     /// Of that, time spent in llama.cpp batches (decode/encode), in nanoseconds.
     pub batch_ns: u64,
+    /// Images computed (encoded, or taken from the projector's cache, and
+    /// decoded into a sequence).
+    pub images: u64,
+    /// Of `batch_ns`, time spent on images, in nanoseconds.
+    pub image_ns: u64,
     /// Times the engine checked its invariants on going idle.
     pub idle_checks: u64,
     /// Invariant violations found then (slots, leases, queue or KV cells).
@@ -184,6 +191,8 @@ impl EngineMetrics {
             snapshot_bytes: self.snapshot_bytes.load(Relaxed),
             step_ns: self.step_ns.load(Relaxed),
             batch_ns: self.batch_ns.load(Relaxed),
+            images: self.images.load(Relaxed),
+            image_ns: self.image_ns.load(Relaxed),
             idle_checks: self.idle_checks.load(Relaxed),
             invariant_violations: self.invariant_violations.load(Relaxed),
         }

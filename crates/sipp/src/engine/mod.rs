@@ -21,7 +21,7 @@ pub use metrics::{EngineMetrics, MetricsSnapshot, SlotView};
 pub use prepare::{EngineInfo, PreparedTurn, RequestPreparer, TemplateCaps};
 pub use request::{
     Completion, EmbedRequest, EmbeddingOutput, EngineError, EventSink, GenerateRequest,
-    GenerateSpec, LoraScale, PreparedKind, PreparedRequest, PromptInput, QueuePlace,
+    GenerateSpec, LoraScale, MediaPrompt, PreparedKind, PreparedRequest, PromptInput, QueuePlace,
     ReasoningBudget, ReasoningBudgetRequest, RequestEvent, RequestStats, Speculation,
     SpeculativeRequest, TextDelta, TokenLogprobs, Usage,
 };
@@ -190,6 +190,12 @@ impl Engine {
         config: NativeRuntimeConfig,
     ) -> Engine {
         let vocab = backend.vocab();
+        let mut config = config;
+        if vocab.info().is_encoder_decoder() {
+            // One encoder output per context: one request at a time.
+            config.context.n_parallel = 1;
+            config.scheduler.max_running_requests = 0;
+        }
         let mut info = EngineInfo::new(&backend, &config);
         info.has_draft_model = draft.is_some();
         let preparer = RequestPreparer::new(vocab, info);
@@ -415,6 +421,7 @@ impl Engine {
             .chat_tokens(messages, add_generation_prompt)?
         {
             PromptInput::Tokens(t) => Ok(t),
+            PromptInput::Media(m) => Ok(m.tokens),
             PromptInput::Text(_) => unreachable!("chat prompts are tokenized"),
         }
     }

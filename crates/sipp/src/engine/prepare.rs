@@ -50,6 +50,8 @@ pub struct EngineInfo {
     pub has_draft_model: bool,
     /// LoRA adapters loaded with the model, in id order.
     pub lora: Vec<crate::config::LoraAdapterConfig>,
+    /// What one request may send in images.
+    pub image_limits: crate::media::ImageLimits,
 }
 
 impl EngineInfo {
@@ -73,6 +75,7 @@ impl EngineInfo {
             speculative: config.speculative.clone(),
             has_draft_model: false,
             lora: config.lora.clone(),
+            image_limits: config.images.limits(),
             model,
         }
     }
@@ -210,7 +213,7 @@ impl RequestPreparer {
     pub fn prepare_turn(&self, turn: &ChatTurn<'_>) -> Result<PreparedTurn, EngineError> {
         let (text, turn_out) = self.render_turn(turn)?;
         Ok(PreparedTurn {
-            prompt: self.chat_text_tokens(&text)?,
+            prompt: self.chat_text_tokens(&text, turn.messages)?,
             ..turn_out
         })
     }
@@ -309,11 +312,20 @@ impl RequestPreparer {
         add_generation_prompt: bool,
     ) -> Result<PromptInput, EngineError> {
         let text = self.render_chat(messages, add_generation_prompt)?;
-        self.chat_text_tokens(&text)
+        self.chat_text_tokens(&text, messages)
     }
 
-    /// The tokens of a rendered conversation.
-    fn chat_text_tokens(&self, text: &str) -> Result<PromptInput, EngineError> {
+    /// The tokens of a rendered conversation; with images in `messages`,
+    /// the projector's tokens and the images' places.
+    fn chat_text_tokens(
+        &self,
+        text: &str,
+        messages: &[ChatMessage],
+    ) -> Result<PromptInput, EngineError> {
+        let urls: Vec<&str> = messages.iter().flat_map(ChatMessage::image_urls).collect();
+        if !urls.is_empty() {
+            return self.media_prompt(text, messages, &urls);
+        }
         let mut tokens = self
             .vocab
             .tokenize(text, false, true)
@@ -324,6 +336,67 @@ impl RequestPreparer {
             }
         }
         Ok(PromptInput::Tokens(tokens))
+    }
+
+    /// A rendered conversation with images: the images read and decoded,
+    /// the text split at their markers by the projector, each image given
+    /// its placeholders. Errors name `messages`.
+    fn media_prompt(
+        &self,
+        text: &str,
+        messages: &[ChatMessage],
+        urls: &[&str],
+    ) -> Result<PromptInput, EngineError> {
+        let bad = |message: String| EngineError::InvalidRequest {
+            field: "messages",
+            message,
+        };
+        let Some(projector) = self.vocab.media() else {
+            return Err(bad(format!(
+                "{} takes no images: it has no multimodal projector (load one with --mmproj,                  or `mmproj` in the model's config)",
+                self.info.model.name.as_deref().unwrap_or("this model")
+            )));
+        };
+        if messages.iter().any(ChatMessage::has_marker_text) {
+            return Err(bad(format!(
+                "a message's text contains `{}`, which stands for an image here",
+                crate::media::IMAGE_MARKER
+            )));
+        }
+        let images = crate::media::load_images(urls, &self.info.image_limits)
+            .map_err(|e| bad(e.to_string()))?;
+        let pieces = projector
+            .tokenize(text, &images)
+            .map_err(|e| bad(e.to_string()))?;
+        let mut tokens = Vec::new();
+        let mut media = Vec::new();
+        if let Some(bos) = self.info.model.bos.filter(|_| self.info.model.add_bos) {
+            let starts_with_bos = match pieces.first() {
+                Some(crate::runtime::MediaPiece::Text(t)) => t.first() == Some(&bos),
+                _ => false,
+            };
+            if !starts_with_bos {
+                tokens.push(bos);
+            }
+        }
+        for piece in pieces {
+            match piece {
+                crate::runtime::MediaPiece::Text(t) => tokens.extend(t),
+                crate::runtime::MediaPiece::Image(chunk) => {
+                    let start = tokens.len();
+                    tokens.extend(crate::media::placeholder_tokens(chunk.hash, chunk.n_tokens));
+                    media.push(crate::runtime::MediaSpan { start, chunk });
+                }
+            }
+        }
+        // The last prompt row gives the first token's logits: it must be text.
+        if media.last().is_some_and(|m| m.end() == tokens.len()) {
+            return Err(bad("the prompt cannot end with an image".into()));
+        }
+        Ok(PromptInput::Media(super::request::MediaPrompt {
+            tokens,
+            media,
+        }))
     }
 
     /// What the engine can do.
@@ -351,6 +424,7 @@ impl RequestPreparer {
                 .iter()
                 .map(|&x| validate::token_id(field, x.into(), self.info.model.n_vocab))
                 .collect(),
+            PromptInput::Media(m) => Ok(m.tokens.clone()),
         }
     }
 
@@ -403,7 +477,16 @@ impl RequestPreparer {
         if let Some(n) = req.max_tokens {
             validate::max_tokens(n, info.max_tokens_limit)?;
         }
-        let prompt = self.prompt_tokens(&req.prompt, req.add_special, req.parse_special)?;
+        let (prompt, encoder_input) = if info.model.is_encoder_decoder() {
+            self.encoder_decoder_prompt(&req.prompt, req.parse_special)?
+        } else {
+            let p = self.prompt_tokens(&req.prompt, req.add_special, req.parse_special)?;
+            (p, None)
+        };
+        let media: Arc<[crate::runtime::MediaSpan]> = match &req.prompt {
+            PromptInput::Media(m) => m.media.clone().into(),
+            _ => Arc::from(Vec::new()),
+        };
         validate::prompt_length(prompt.len(), info.n_ctx)?;
         let max_tokens = match req.max_tokens {
             Some(n) => n as usize,
@@ -433,7 +516,12 @@ impl RequestPreparer {
             }),
             None => None,
         };
-        let speculative = self.speculation(req.speculative)?;
+        let mut speculative = self.speculation(req.speculative)?;
+        if !media.is_empty() || encoder_input.is_some() {
+            // Drafts come from the context (n-gram) or a draft model that
+            // sees tokens; image placeholders are neither.
+            speculative.mode = crate::config::SpeculativeMode::Off;
+        }
         let adapters = self.lora.resolve(req.lora.as_deref())?;
         Ok(PreparedRequest {
             id,
@@ -451,13 +539,42 @@ impl RequestPreparer {
                 include_stop: req.include_stop,
             }),
             prompt,
+            media,
+            // The decoder's KV depends on the encoder's output: never reused.
+            cache_prompt: req.cache_prompt && encoder_input.is_none(),
+            encoder_input,
             context_key: req.context_key,
             adapters,
-            cache_prompt: req.cache_prompt,
             repeatable: req.repeatable,
             submitted_at: Instant::now(),
             sink,
         })
+    }
+
+    /// An encoder-decoder model's prompt: the input tokenized with its
+    /// special tokens (T5 appends EOS), to be encoded in one pass, and the
+    /// decoder's start token as the prompt the slot decodes from.
+    fn encoder_decoder_prompt(
+        &self,
+        prompt: &PromptInput,
+        parse_special: bool,
+    ) -> Result<(Vec<Token>, Option<Arc<[Token]>>), EngineError> {
+        let info = &self.info;
+        if matches!(prompt, PromptInput::Media(_)) {
+            return Err(EngineError::Unsupported(
+                "this encoder-decoder model takes no images".into(),
+            ));
+        }
+        let input = self.tokens_of("prompt", prompt, true, parse_special)?;
+        if input.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        // llama.cpp encodes a whole input in one micro-batch.
+        validate::embedding_input_length(input.len(), info.max_embedding_tokens)?;
+        let start = info.model.decoder_start.or(info.model.bos).ok_or_else(|| {
+            EngineError::Unsupported("the model names no decoder start token".into())
+        })?;
+        Ok((vec![start], Some(Arc::from(input))))
     }
 
     /// The speculative decoding a request gets: its own mode and `n_max`
@@ -501,6 +618,12 @@ impl RequestPreparer {
                 self.info.model.architecture
             )));
         }
+        if matches!(req.input, PromptInput::Media(_)) {
+            return Err(EngineError::InvalidRequest {
+                field: "input",
+                message: "images are not embedded; send text".into(),
+            });
+        }
         let prompt = self.tokens_of("input", &req.input, true, false)?;
         validate::embedding_input_length(prompt.len(), self.info.max_embedding_tokens)?;
         Ok(embedding_request(id, prompt, req.normalize, sink))
@@ -518,6 +641,8 @@ fn embedding_request(
         id,
         kind: PreparedKind::Embed { normalize },
         prompt,
+        media: Arc::from(Vec::new()),
+        encoder_input: None,
         context_key: None,
         adapters: crate::runtime::AdapterSet::none(),
         cache_prompt: false,

@@ -20,6 +20,32 @@ pub enum PromptInput {
     Text(String),
     /// Token ids, used as given.
     Tokens(Vec<Token>),
+    /// A prompt with images, as the model's projector prepared it (made by
+    /// the chat preparation; never sent over the wire).
+    #[serde(skip)]
+    Media(MediaPrompt),
+}
+
+impl PromptInput {
+    /// The prompt's tokens, when it is already tokenized (images as their
+    /// placeholders).
+    pub fn tokens(&self) -> Option<&[Token]> {
+        match self {
+            PromptInput::Text(_) => None,
+            PromptInput::Tokens(t) => Some(t),
+            PromptInput::Media(m) => Some(&m.tokens),
+        }
+    }
+}
+
+/// A tokenized prompt with images: placeholder tokens where each image's
+/// embeddings go ([`crate::media::placeholder_tokens`]), and the images.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaPrompt {
+    /// Text tokens and image placeholders.
+    pub tokens: Vec<Token>,
+    /// The images, in order, each at its placeholders.
+    pub media: Vec<crate::runtime::MediaSpan>,
 }
 
 impl From<&str> for PromptInput {
@@ -509,6 +535,11 @@ pub struct PreparedRequest {
     pub kind: PreparedKind,
     /// Prompt tokens.
     pub prompt: Vec<Token>,
+    /// The prompt's images (their positions hold placeholders).
+    pub media: Arc<[crate::runtime::MediaSpan]>,
+    /// An encoder-decoder model's input: encoded once at admission; the
+    /// prompt is then the decoder's start token.
+    pub encoder_input: Option<Arc<[Token]>>,
     /// Session affinity key.
     pub context_key: Option<String>,
     /// The LoRA adapters it runs with.

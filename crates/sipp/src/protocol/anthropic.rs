@@ -113,7 +113,8 @@ pub enum ContentBlock {
         #[serde(default)]
         data: String,
     },
-    /// An image (not supported: refused naming the block).
+    /// An image: `source` is `{"type": "base64", "media_type", "data"}` or
+    /// `{"type": "url", "url"}`.
     Image {
         /// Where the image is.
         #[serde(default)]
@@ -605,7 +606,45 @@ fn append(content: &mut Option<MessageContent>, text: &str) {
             t.push('\n');
             t.push_str(text);
         }
+        Some(MessageContent::Parts(parts)) => parts.push(crate::chat::ContentPart::Text {
+            text: text.to_string(),
+        }),
         _ => *content = Some(MessageContent::Text(text.to_string())),
+    }
+}
+
+/// Adds an image part (the content becomes parts).
+fn append_image(content: &mut Option<MessageContent>, url: String) {
+    let mut parts = match content.take() {
+        Some(MessageContent::Parts(p)) => p,
+        Some(MessageContent::Text(t)) => vec![crate::chat::ContentPart::Text { text: t }],
+        None => Vec::new(),
+    };
+    parts.push(crate::chat::ContentPart::image(url));
+    *content = Some(MessageContent::Parts(parts));
+}
+
+/// An image block's source as a URL (base64 data becomes a data URL).
+fn image_url(source: &Value, field: &str) -> Result<String, ToolError> {
+    let s = |k: &str| source.get(k).and_then(Value::as_str);
+    match s("type") {
+        Some("base64") => {
+            let media = s("media_type").unwrap_or("image/png");
+            let data = s("data").ok_or_else(|| {
+                err(
+                    format!("{field}.source.data"),
+                    "a base64 image needs `data`",
+                )
+            })?;
+            Ok(format!("data:{media};base64,{data}"))
+        }
+        Some("url") => s("url")
+            .map(str::to_string)
+            .ok_or_else(|| err(format!("{field}.source.url"), "a url image needs `url`")),
+        _ => Err(err(
+            format!("{field}.source.type"),
+            "an image source is `base64` (with media_type and data) or `url`",
+        )),
     }
 }
 
@@ -655,6 +694,22 @@ impl Conversation<'_> {
                                 }
                                 _ => out.push(ChatMessage::user(text.as_str())),
                             },
+                            ContentBlock::Image { source } => {
+                                let url = image_url(source, &field(j))?;
+                                match out.last_mut() {
+                                    Some(last) if last.role == Role::User => {
+                                        append_image(&mut last.content, url)
+                                    }
+                                    _ => {
+                                        let mut m = ChatMessage {
+                                            content: None,
+                                            ..ChatMessage::user("")
+                                        };
+                                        append_image(&mut m.content, url);
+                                        out.push(m);
+                                    }
+                                }
+                            }
                             ContentBlock::ToolResult {
                                 tool_use_id,
                                 content,
@@ -1219,7 +1274,7 @@ mod tests {
         );
         assert_eq!(
             conv(json!([{"role": "user", "content": [{"type": "image", "source": {}}]}])),
-            "messages[0].content[0].type"
+            "messages[0].content[0].source.type"
         );
         assert_eq!(
             conv(

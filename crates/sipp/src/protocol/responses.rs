@@ -196,14 +196,54 @@ pub enum ContentPart {
         /// The refusal.
         refusal: String,
     },
+    /// An image the user sent, by URL (a data URL, or http(s)).
+    InputImage {
+        /// The image's URL.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image_url: Option<String>,
+        /// OpenAI's `auto`, `low` or `high` (accepted; the projector decides).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
 }
 
 impl ContentPart {
-    /// The part's text.
+    /// The part's text (an image: its marker).
     pub fn text(&self) -> &str {
         match self {
             ContentPart::InputText { text } | ContentPart::OutputText { text, .. } => text,
             ContentPart::Refusal { refusal } => refusal,
+            ContentPart::InputImage { .. } => crate::media::IMAGE_MARKER,
+        }
+    }
+}
+
+impl InputContent {
+    /// As a chat message's content: text, or parts when it has images (an
+    /// image part without a URL becomes an empty URL, refused later).
+    pub fn to_message_content(&self) -> crate::chat::MessageContent {
+        use crate::chat::{ContentPart as Chat, MessageContent};
+        match self {
+            InputContent::Parts(parts)
+                if parts
+                    .iter()
+                    .any(|p| matches!(p, ContentPart::InputImage { .. })) =>
+            {
+                MessageContent::Parts(
+                    parts
+                        .iter()
+                        .map(|p| match p {
+                            ContentPart::InputImage { image_url, .. } => {
+                                Chat::image(image_url.clone().unwrap_or_default())
+                            }
+                            other => Chat::Text {
+                                text: other.text().to_string(),
+                            },
+                        })
+                        .collect(),
+                )
+            }
+            other => MessageContent::Text(other.text()),
         }
     }
 }

@@ -23,6 +23,8 @@ pub const BOS: Token = 256;
 pub const EOS: Token = 257;
 /// A token whose presence in a batch makes the batch fail (failure injection).
 pub const POISON: Token = 258;
+/// An image hash whose image the fake backend fails to compute.
+pub const POISON_IMAGE: u64 = 0xBAD_1A6E;
 /// Vocabulary size.
 pub const N_VOCAB: usize = 259;
 /// Width of fake embeddings.
@@ -49,6 +51,8 @@ impl FakeVocab {
         Self {
             info: ModelInfo {
                 path: "fake".into(),
+                takes_images: false,
+                decoder_start: None,
                 architecture: if encoder_only { "fake-bert" } else { "fake" }.into(),
                 name: Some("fake".into()),
                 description: "fake byte-level model".into(),
@@ -220,6 +224,8 @@ pub struct FakeBackend {
     seq_embeddings: std::collections::HashMap<SeqId, Vec<f32>>,
     /// Batches run so far (for tests).
     pub batches: u64,
+    /// Images computed (`decode_media` calls).
+    pub media_batches: u64,
     /// The largest batch seen (for tests).
     pub max_batch_rows: usize,
     /// Fail the next this-many batches with "no KV space" (failure injection).
@@ -245,6 +251,7 @@ impl FakeBackend {
             row_seqs: Vec::new(),
             seq_embeddings: std::collections::HashMap::new(),
             batches: 0,
+            media_batches: 0,
             max_batch_rows: 0,
             inject_no_kv: 0,
             adapters: crate::runtime::AdapterSet::none(),
@@ -496,6 +503,34 @@ impl Backend for FakeBackend {
             }
         }
         Ok(())
+    }
+
+    fn decode_media(
+        &mut self,
+        seq: SeqId,
+        pos: u32,
+        chunk: &super::MediaChunk,
+    ) -> Result<(), BatchError> {
+        // An image is its placeholder tokens to the fake, computed like a
+        // prompt chunk with no output row.
+        self.media_batches += 1;
+        if chunk.hash == POISON_IMAGE {
+            return Err(BatchError::Failed(-4));
+        }
+        let rows: Vec<BatchRow> = crate::media::placeholder_tokens(chunk.hash, chunk.n_tokens)
+            .into_iter()
+            .enumerate()
+            .map(|(i, token)| BatchRow {
+                token,
+                pos: pos + i as u32,
+                seq,
+                output: false,
+            })
+            .collect();
+        let batches = self.batches;
+        let r = self.decode(&rows);
+        self.batches = batches;
+        r
     }
 
     fn encode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {

@@ -66,6 +66,10 @@ const ENCODER_ONLY: &[&str] = &[
 
 /// A loaded model: weights, vocabulary and metadata. Shared by every thread.
 pub struct LlamaModelHandle {
+    /// The multimodal projector (`mmproj`), when the model takes images.
+    /// First: fields drop in order, and libmtmd tokenizes with the model's
+    /// vocabulary, so the projector goes before the model.
+    projector: Option<super::mtmd::Projector>,
     model: LlamaModel,
     info: ModelInfo,
     /// LoRA adapters loaded with the model, by id (llama.cpp frees them
@@ -307,10 +311,26 @@ pub fn load_model(
     if !adapters.is_empty() {
         tracing::info!(model = %path.display(), "{} LoRA adapters loaded", adapters.len());
     }
+    let projector = match &config.mmproj {
+        Some(p) => {
+            let use_gpu = info.placement.offloaded_layers > 0;
+            let proj = super::mtmd::Projector::load(
+                p,
+                model_ptr(&model),
+                config.context.resolved_threads() as i32,
+                use_gpu,
+            )?;
+            tracing::info!(model = %path.display(), "projector {} loaded: the model takes images", p.display());
+            Some(proj)
+        }
+        None => None,
+    };
+    info.takes_images = projector.is_some();
     Ok(Arc::new(LlamaModelHandle {
         model,
         info,
         adapters,
+        projector,
     }))
 }
 
@@ -583,6 +603,7 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
         .map(str::to_string);
     ModelInfo {
         path: path.display().to_string(),
+        takes_images: false,
         description: format!(
             "{architecture} {:.0}M params {quantization}",
             n_params as f64 / 1e6
@@ -601,7 +622,13 @@ fn model_info(path: &Path, header: &GgufHeader, model: &LlamaModel) -> ModelInfo
         eot: opt_token(vocab.eot()),
         add_bos: vocab.should_add_bos(),
         has_decoder: !encoder_only,
-        has_encoder: encoder_only,
+        // SAFETY: a live model.
+        has_encoder: encoder_only
+            || unsafe { llama_cpp_sys_2::llama_model_has_encoder(model_ptr(model)) },
+        // SAFETY: a live model; -1 when the GGUF names none.
+        decoder_start: opt_token(LlamaToken(unsafe {
+            llama_cpp_sys_2::llama_model_decoder_start_token(model_ptr(model))
+        })),
         pooling,
         chat_template,
         sliding_window,
@@ -634,6 +661,12 @@ impl LlamaModelHandle {
 impl Vocab for LlamaModelHandle {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn media(&self) -> Option<&dyn super::MediaTokenizer> {
+        self.projector
+            .as_ref()
+            .map(|p| p as &dyn super::MediaTokenizer)
     }
 
     fn tokenize(
@@ -1185,6 +1218,15 @@ impl Backend for LlamaRuntime {
         }];
         let ok = if encoder_only {
             self.encode(&rows).is_ok()
+        } else if self.model.info.is_encoder_decoder() {
+            // The decoder cross-attends to an encoder output: encode first,
+            // as llama.cpp's own warm-up does.
+            let start = self.model.info.decoder_start.unwrap_or(token);
+            let first = [BatchRow {
+                token: start,
+                ..rows[0]
+            }];
+            self.encode(&rows).is_ok() && self.decode(&first).is_ok()
         } else {
             self.decode(&rows).is_ok()
         };
@@ -1257,6 +1299,24 @@ impl Backend for LlamaRuntime {
             }
         }
         result
+    }
+
+    fn decode_media(
+        &mut self,
+        seq: SeqId,
+        pos: u32,
+        chunk: &super::MediaChunk,
+    ) -> Result<(), BatchError> {
+        let Some(proj) = self.model.projector.as_ref() else {
+            return Err(BatchError::Failed(-1));
+        };
+        // The embedding batch replaces the logits of the last token batch.
+        self.last_rows.clear();
+        match proj.decode(self.raw_ctx, chunk, seq, pos, self.n_batch) {
+            Ok(()) => Ok(()),
+            Err(1) => Err(BatchError::NoKvSpace),
+            Err(c) => Err(BatchError::Failed(c)),
+        }
     }
 
     fn encode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {

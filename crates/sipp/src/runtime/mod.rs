@@ -11,6 +11,8 @@ pub mod gguf;
 #[cfg(feature = "llama")]
 pub mod llama;
 pub mod lora;
+#[cfg(feature = "llama")]
+pub mod mtmd;
 pub mod placement;
 #[cfg(feature = "llama")]
 pub mod rpc;
@@ -107,6 +109,8 @@ impl RerankFormat {
 pub struct ModelInfo {
     /// Where the model came from.
     pub path: String,
+    /// Whether a multimodal projector is loaded (the model takes images).
+    pub takes_images: bool,
     /// `general.architecture` (llama, bert, gemma3, ...).
     pub architecture: String,
     /// `general.name`, when present.
@@ -137,8 +141,11 @@ pub struct ModelInfo {
     pub add_bos: bool,
     /// Whether the model has a decoder (can generate).
     pub has_decoder: bool,
-    /// Whether the model has an encoder (BERT-like).
+    /// Whether the model has an encoder (BERT-like encoder-only models, and
+    /// encoder-decoder models such as T5).
     pub has_encoder: bool,
+    /// The token an encoder-decoder model's decoder starts from.
+    pub decoder_start: Option<Token>,
     /// Pooling declared in the GGUF metadata.
     pub pooling: Option<Pooling>,
     /// `tokenizer.chat_template`, when present (or the family's template for
@@ -208,6 +215,12 @@ impl ModelInfo {
     pub fn can_generate(&self) -> bool {
         self.has_decoder
     }
+
+    /// Whether the model encodes its input once and decodes from it with
+    /// cross-attention (T5).
+    pub fn is_encoder_decoder(&self) -> bool {
+        self.has_encoder && self.has_decoder
+    }
 }
 
 /// Errors of the runtime layer.
@@ -240,6 +253,87 @@ pub enum RuntimeError {
     /// A KV state blob could not be restored.
     #[error("KV state restore failed: {0}")]
     StateRestore(String),
+    /// The multimodal projector could not be loaded, or an image not
+    /// turned into model input.
+    #[error("{0}")]
+    Media(String),
+}
+
+/// One image of a prompt, made ready for the model by its projector: how many
+/// prompt positions it takes, and the backend's own handle to encode it.
+#[derive(Clone)]
+pub struct MediaChunk {
+    /// The image's hash ([`crate::media::Image::hash`]).
+    pub hash: u64,
+    /// Prompt positions (and KV cells) its embeddings take.
+    pub n_tokens: usize,
+    /// What the backend encodes (a libmtmd chunk for llama.cpp).
+    pub handle: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for MediaChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MediaChunk")
+            .field("hash", &format_args!("{:016x}", self.hash))
+            .field("n_tokens", &self.n_tokens)
+            .finish()
+    }
+}
+
+impl PartialEq for MediaChunk {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.n_tokens == other.n_tokens
+    }
+}
+
+impl Eq for MediaChunk {}
+
+/// An image's place in a prompt: its chunk starts at prompt position `start`
+/// and takes `chunk.n_tokens` positions (placeholder tokens in the prompt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaSpan {
+    /// First position.
+    pub start: usize,
+    /// The image.
+    pub chunk: MediaChunk,
+}
+
+impl MediaSpan {
+    /// One past the last position.
+    pub fn end(&self) -> usize {
+        self.start + self.chunk.n_tokens
+    }
+}
+
+/// `n` moved back to the start of the image it falls inside, if any: a
+/// prefix of a prompt is reusable only up to an image boundary.
+pub fn media_floor(media: &[MediaSpan], n: usize) -> usize {
+    media
+        .iter()
+        .find(|m| m.start < n && n < m.end())
+        .map_or(n, |m| m.start)
+}
+
+/// A piece of a multimodal prompt, in order.
+#[derive(Debug, Clone)]
+pub enum MediaPiece {
+    /// Text tokens.
+    Text(Vec<Token>),
+    /// An image.
+    Image(MediaChunk),
+}
+
+/// The half of a multimodal projector any thread may use: it turns a
+/// rendered prompt (text with [`crate::media::IMAGE_MARKER`] where each image
+/// goes) and its images into text tokens and image chunks.
+pub trait MediaTokenizer: Send + Sync {
+    /// Splits the prompt at the markers and prepares each image (resizing,
+    /// normalizing) as the projector wants it.
+    fn tokenize(
+        &self,
+        text: &str,
+        images: &[Arc<crate::media::Image>],
+    ) -> Result<Vec<MediaPiece>, RuntimeError>;
 }
 
 /// Why a batch failed.
@@ -305,6 +399,10 @@ pub trait Vocab: Send + Sync {
         constraint: &OutputConstraint,
         bounds: &crate::sampling::JsonBounds,
     ) -> Result<(), SamplingError>;
+    /// The model's image tokenizer, when it has a multimodal projector.
+    fn media(&self) -> Option<&dyn MediaTokenizer> {
+        None
+    }
 
     /// Detokenizes a whole sequence (lossy at invalid UTF-8).
     fn detokenize(&self, tokens: &[Token]) -> String {
@@ -401,6 +499,13 @@ pub trait Backend {
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError>;
     /// Runs the encoder over the rows (encoder models).
     fn encode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError>;
+    /// Encodes an image and decodes its embeddings into `seq` at positions
+    /// `pos..pos + chunk.n_tokens`, as a batch of its own (a llama.cpp batch
+    /// holds tokens or embeddings, never both). No output row is read.
+    fn decode_media(&mut self, seq: SeqId, pos: u32, chunk: &MediaChunk) -> Result<(), BatchError> {
+        let _ = (seq, pos, chunk);
+        Err(BatchError::Failed(-1))
+    }
     /// The logits of an output row of the last batch.
     fn logits(&self, row: usize) -> &[f32];
     /// The pooled embedding of a sequence after the last batch (or, without

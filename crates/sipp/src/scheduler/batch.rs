@@ -17,6 +17,8 @@ pub struct SlotSpan {
     pub output: bool,
     /// Of the rows, drafted tokens to verify (after the pending one).
     pub draft: usize,
+    /// The rows are the image at the slot's cursor (its own batch).
+    pub media: bool,
 }
 
 /// The packed batch of one step.
@@ -68,6 +70,7 @@ pub fn pack(slots: &[PackSlot<'_>], limits: StepLimits, rotation: usize) -> Pack
                 decode: true,
                 output: true,
                 draft: 0,
+                media: false,
             });
             used += n;
         }
@@ -99,9 +102,39 @@ pub fn pack(slots: &[PackSlot<'_>], limits: StepLimits, rotation: usize) -> Pack
             output: completes
                 && (t.plan.terminal == TerminalAction::ReadEmbedding || t.pending.is_empty()),
             draft: 0,
+            media: false,
         });
     }
+    if kind == PrefillKind::Decode {
+        if let Some(span) = media_span(slots) {
+            spans.push(span);
+        }
+    }
     Packing { kind, spans }
+}
+
+/// The one image computed this step: the oldest slot whose cursor is at an
+/// image. Its encode and embedding decode run as their own calls after the
+/// step's batch, outside the token budget (an image is computed whole), one
+/// per step so decoding slots still advance every step.
+fn media_span(slots: &[PackSlot<'_>]) -> Option<SlotSpan> {
+    slots
+        .iter()
+        .filter(|(_, phase, t, _)| {
+            matches!(phase, SlotPhase::Admitted | SlotPhase::Prefill)
+                && t.prefix_wait.is_none()
+                && !t.preempted
+        })
+        .filter_map(|&(slot, _, t, _)| t.media_due().map(|m| (slot, t, m)))
+        .min_by_key(|(_, t, _)| t.admission_order)
+        .map(|(slot, _, m)| SlotSpan {
+            slot,
+            n_tokens: m.chunk.n_tokens,
+            decode: false,
+            output: false,
+            draft: 0,
+            media: true,
+        })
 }
 
 /// Slots with prompt tokens to compute, oldest first, rotated. An encoder
@@ -115,7 +148,7 @@ fn prefill_candidates<'a>(
         .iter()
         .filter(|(_, phase, _, _)| matches!(phase, SlotPhase::Admitted | SlotPhase::Prefill))
         .map(|&(slot, _, t, _)| (slot, t))
-        .filter(|(_, t)| t.prefix_wait.is_none() && !t.preempted && t.prefill_remaining() > 0)
+        .filter(|(_, t)| t.prefix_wait.is_none() && !t.preempted && t.text_remaining() > 0)
         .collect();
     cands.sort_by_key(|(_, t)| t.admission_order);
     let encode = |t: &SlotTokens| t.plan.prefill == PrefillKind::Encode;
@@ -143,7 +176,7 @@ fn share_budget(
     let mut embed_rows = 0usize;
     for (i, (_, t)) in cands.iter().enumerate() {
         if t.plan.terminal == TerminalAction::ReadEmbedding {
-            let need = t.prefill_remaining();
+            let need = t.text_remaining();
             if used + need <= limits.budget && embed_rows + need <= limits.n_ubatch {
                 alloc[i] = need;
                 used += need;
@@ -155,7 +188,7 @@ fn share_budget(
         let open: Vec<usize> = (0..cands.len())
             .filter(|&i| {
                 cands[i].1.plan.terminal == TerminalAction::SampleTokens
-                    && alloc[i] < cands[i].1.prefill_remaining()
+                    && alloc[i] < cands[i].1.text_remaining()
             })
             .collect();
         let remaining = limits.budget.saturating_sub(used);
@@ -169,7 +202,7 @@ fn share_budget(
                 break;
             }
             let take = share
-                .min(cands[i].1.prefill_remaining() - alloc[i])
+                .min(cands[i].1.text_remaining() - alloc[i])
                 .min(remaining);
             alloc[i] += take;
             used += take;
@@ -234,6 +267,7 @@ mod tests {
                 preempted: false,
                 admission_order: order,
                 adapters: crate::runtime::AdapterSet::none(),
+                media: std::sync::Arc::from(Vec::new()),
             },
             draft: 0,
         }
@@ -275,6 +309,7 @@ mod tests {
                 decode: false,
                 output: true,
                 draft: 0,
+                media: false,
             }
         );
         assert_eq!(plan.spans[1].n_tokens, 59);
@@ -317,6 +352,50 @@ mod tests {
         assert_eq!(plan.spans.len(), 2);
         assert_eq!((plan.spans[0].n_tokens, plan.spans[0].draft), (5, 4));
         assert_eq!((plan.spans[1].n_tokens, plan.spans[1].draft), (1, 0));
+    }
+
+    fn with_image(mut s: S, start: usize, n: usize) -> S {
+        s.t.media = std::sync::Arc::from(vec![crate::runtime::MediaSpan {
+            start,
+            chunk: crate::runtime::MediaChunk {
+                hash: s.id as u64,
+                n_tokens: n,
+                handle: std::sync::Arc::new(()),
+            },
+        }]);
+        s
+    }
+
+    #[test]
+    fn text_stops_at_an_image_and_one_image_runs_per_step_beside_decoding() {
+        let slots = vec![
+            slot(0, SlotPhase::Decode, 10, 10, true, 0),
+            // Cursor at its image (positions 4..20).
+            with_image(slot(1, SlotPhase::Prefill, 30, 4, false, 1), 4, 16),
+            with_image(slot(2, SlotPhase::Prefill, 30, 4, false, 2), 4, 16),
+            // Text up to its image at 12.
+            with_image(slot(3, SlotPhase::Prefill, 40, 0, false, 3), 12, 16),
+        ];
+        let plan = plan_step(&slots, LIMITS, 0);
+        let by = |id| plan.spans.iter().filter(move |s| s.slot == id);
+        assert_eq!(by(0).count(), 1, "the decoding slot is in the step");
+        assert_eq!(
+            plan.spans.iter().filter(|s| s.media).count(),
+            1,
+            "one image per step"
+        );
+        let image = plan.spans.iter().find(|s| s.media).expect("an image");
+        assert_eq!(
+            (image.slot, image.n_tokens),
+            (1, 16),
+            "the oldest waiting image"
+        );
+        assert_eq!(plan.spans.last(), Some(image), "images run after the rows");
+        let text: Vec<_> = by(3).collect();
+        assert_eq!(text.len(), 1);
+        assert_eq!(text[0].n_tokens, 12, "text stops at the image");
+        assert!(!text[0].output);
+        assert_eq!(by(2).count(), 0, "the second image waits");
     }
 
     #[test]

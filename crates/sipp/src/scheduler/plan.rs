@@ -4,7 +4,7 @@
 use super::slot::{PrefillKind, PrefixWait, SlotExecutionPlan};
 use super::{RequestId, SlotId};
 use crate::engine::{EngineError, GenerateSpec};
-use crate::runtime::{AdapterSet, Pooling, SampledLogprobs, SeqId, Token};
+use crate::runtime::{AdapterSet, MediaChunk, Pooling, SampledLogprobs, SeqId, Token};
 use crate::session::{KvOp, Reuse, SeqLease};
 
 /// A queued request taking a slot. Admissions are in queue order: the n-th
@@ -36,6 +36,8 @@ pub struct Admission {
     pub sampler: Option<SamplerSetup>,
     /// The LoRA adapters it runs with.
     pub adapters: AdapterSet,
+    /// An encoder-decoder model's input, encoded before the step's batch.
+    pub encoder_input: Option<std::sync::Arc<[Token]>>,
 }
 
 /// What the executor needs to build a request's sampler.
@@ -77,6 +79,9 @@ pub enum SpanKind {
     Prompt,
     /// The sampled token fed back, and the tokens drafted after it.
     Decode,
+    /// An image of the prompt: its rows hold placeholders, and the backend
+    /// encodes the image and decodes its embeddings as a batch of its own.
+    Media,
 }
 
 /// One slot's rows in the batch.
@@ -112,6 +117,8 @@ pub struct BatchSpan {
     /// The LoRA adapters its rows are computed under (the executor runs one
     /// batch per set).
     pub adapters: AdapterSet,
+    /// The image of a [`SpanKind::Media`] span.
+    pub media: Option<MediaChunk>,
 }
 
 impl BatchSpan {
@@ -135,7 +142,8 @@ pub enum ReadKind {
 pub struct Batch {
     /// Decode or encode.
     pub kind: PrefillKind,
-    /// Spans in row order: decode tokens first, then prompt chunks.
+    /// Spans in row order: decode tokens first, then prompt chunks; an
+    /// image span last (it runs after the rows, as its own batch).
     pub spans: Vec<BatchSpan>,
 }
 

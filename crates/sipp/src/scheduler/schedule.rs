@@ -163,9 +163,19 @@ impl Scheduler {
                 break;
             };
             d.plan.kv_ops.append(&mut acq.ops);
+            // KV is reused up to an image's start, never into one.
+            let floor = crate::runtime::media_floor(&req.media, acq.reused_tokens);
+            if floor < acq.reused_tokens {
+                d.op(KvOp::Truncate {
+                    seq: acq.lease.seq_id,
+                    from: floor,
+                });
+                acq.reused_tokens = floor;
+            }
             let nth = d.plan.admissions.len();
             let mut admission = self.admission(q, slot, acq, use_cache, nth);
-            let mut tokens = SlotTokens::admitted(&admission, req.prompt.clone());
+            let mut tokens =
+                SlotTokens::admitted(&admission, req.prompt.clone(), req.media.clone());
             if use_cache && kv.mode() == CacheMode::SharedPrefix {
                 admission.prefix_wait = self.shared_prefix_in_progress(d, &tokens);
                 tokens.prefix_wait = admission.prefix_wait;
@@ -219,11 +229,18 @@ impl Scheduler {
             sampler: match &req.kind {
                 PreparedKind::Generate(spec) => Some(SamplerSetup {
                     spec: spec.clone(),
-                    prompt: req.prompt.clone(),
+                    // Image placeholders are no tokens a sampler may see.
+                    prompt: req
+                        .prompt
+                        .iter()
+                        .copied()
+                        .filter(|&t| !crate::media::is_placeholder(t))
+                        .collect(),
                 }),
                 PreparedKind::Embed { .. } => None,
             },
             adapters: req.adapters.clone(),
+            encoder_input: req.encoder_input.clone(),
         }
     }
 
@@ -259,7 +276,7 @@ impl Scheduler {
                     .take_while(|(a, b)| a == b)
                     .count()
                     .min(cap);
-                (slot, o, n)
+                (slot, o, crate::runtime::media_floor(&t.media, n))
             })
             .filter(|&(_, o, n)| n >= t.prefill_cursor + self.min_prefix && o.prefill_cursor < n)
             .max_by_key(|&(_, _, n)| n)
@@ -329,6 +346,7 @@ impl Scheduler {
                 let cap = context.len().saturating_sub(1);
                 let key = s.tokens.adapters.key();
                 if let Some((src, n)) = d.kv.longest_resident_prefix(context, Some(seq), cap, key) {
+                    let n = crate::runtime::media_floor(&s.tokens.media, n);
                     if n >= self.min_prefix {
                         d.op(KvOp::Share {
                             src,
@@ -505,7 +523,14 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
     let ds = d.slots[s.slot].as_ref().expect("packed slot is busy");
     let t = ds.tokens.as_ref();
     let start = t.prefill_cursor;
-    let (kind, tokens, outputs) = if s.decode {
+    let media = s
+        .media
+        .then(|| t.media_due().map(|m| m.chunk.clone()))
+        .flatten();
+    let (kind, tokens, outputs) = if s.media {
+        let rows = t.context[start..start + s.n_tokens].to_vec();
+        (SpanKind::Media, rows, Vec::new())
+    } else if s.decode {
         let mut rows = t.pending.clone();
         match &ds.draft {
             Proposal::Tokens(d) => rows.extend_from_slice(&d[..s.draft]),
@@ -543,5 +568,6 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
             _ => None,
         },
         adapters: t.adapters.clone(),
+        media,
     }
 }

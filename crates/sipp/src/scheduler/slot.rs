@@ -10,7 +10,7 @@ use super::speculate::{ngram_draft, SpecState};
 use super::{RequestId, SlotId};
 use crate::config::SpeculativeMode;
 use crate::engine::{EventSink, RequestStats};
-use crate::runtime::Token;
+use crate::runtime::{MediaSpan, Token};
 use crate::session::SeqLease;
 
 /// Where a slot is in serving its request.
@@ -116,11 +116,13 @@ pub struct SlotTokens {
     pub admission_order: u64,
     /// The LoRA adapters it runs with.
     pub adapters: crate::runtime::AdapterSet,
+    /// The prompt's images, in order (their positions hold placeholders).
+    pub media: std::sync::Arc<[MediaSpan]>,
 }
 
 impl SlotTokens {
     /// The token state of a request just admitted with `prompt`.
-    pub fn admitted(a: &Admission, prompt: Vec<Token>) -> Self {
+    pub fn admitted(a: &Admission, prompt: Vec<Token>, media: std::sync::Arc<[MediaSpan]>) -> Self {
         SlotTokens {
             request_id: a.request_id,
             plan: a.exec,
@@ -133,7 +135,26 @@ impl SlotTokens {
             preempted: false,
             admission_order: a.order,
             adapters: a.adapters.clone(),
+            media,
         }
+    }
+
+    /// The image that starts at the prefill cursor: computed next, alone.
+    pub fn media_due(&self) -> Option<&MediaSpan> {
+        self.media.iter().find(|m| m.start == self.prefill_cursor)
+    }
+
+    /// Prompt tokens computable as text from the cursor: up to the next
+    /// image, or to the end.
+    pub fn text_remaining(&self) -> usize {
+        let end = self
+            .media
+            .iter()
+            .map(|m| m.start)
+            .filter(|&s| s >= self.prefill_cursor)
+            .min()
+            .unwrap_or(self.context.len());
+        end - self.prefill_cursor
     }
 
     /// Tokens still to compute before sampling (or reading an embedding).
@@ -227,7 +248,7 @@ impl Running {
         let t = &self.timing;
         RequestStats {
             queue_ms: ms(t.admitted - t.submitted),
-            prompt_tokens: self.tokens.prompt_len,
+            prompt_tokens: self.counters.prompt_tokens,
             cached_tokens: self.counters.cached_tokens,
             prefill_ms: t.prefill_done.map_or(0.0, |p| ms(p - t.admitted)),
             ttft_ms: t.first_token.map_or(0.0, |f| ms(f - t.submitted)),

@@ -93,6 +93,8 @@ impl Harness {
                 id,
                 kind: PreparedKind::Generate(spec(max_tokens)),
                 prompt,
+                media: std::sync::Arc::from(Vec::new()),
+                encoder_input: None,
                 context_key: None,
                 adapters: crate::runtime::AdapterSet::none(),
                 cache_prompt,

@@ -110,14 +110,18 @@ impl Scheduler {
         debug_assert_eq!(q.req.id, a.request_id, "admissions follow the queue");
         self.admissions += 1;
         let req = q.req;
-        let prompt_len = req.prompt.len();
+        // An encoder-decoder request's prompt is its encoded input.
+        let prompt_len = req
+            .encoder_input
+            .as_ref()
+            .map_or(req.prompt.len(), |i| i.len());
         let task = match req.kind {
             PreparedKind::Generate(spec) => Task::Generate(Box::new(Generation::new(spec))),
             PreparedKind::Embed { normalize } => Task::Embed { normalize },
         };
         let r = Running {
             phase: SlotPhase::Admitted,
-            tokens: SlotTokens::admitted(a, req.prompt),
+            tokens: SlotTokens::admitted(a, req.prompt, req.media),
             counters: SlotCounters {
                 prompt_tokens: prompt_len,
                 cached_tokens: a.reused_tokens,
@@ -275,7 +279,7 @@ impl Scheduler {
             values,
             pooling,
             normalized: normalize,
-            prompt_tokens: r.tokens.prompt_len,
+            prompt_tokens: r.counters.prompt_tokens,
             stats: r.stats(now),
         };
         u.emit(&r, RequestEvent::Embedding(out));
@@ -327,7 +331,7 @@ impl Scheduler {
             tokens,
             finish_reason: reason,
             usage: Usage {
-                prompt_tokens: r.tokens.prompt_len,
+                prompt_tokens: r.counters.prompt_tokens,
                 completion_tokens: r.counters.generated_tokens,
                 cached_tokens: r.counters.cached_tokens,
             },
