@@ -338,3 +338,73 @@ fn images_match_llama_mtmd_cli_and_serve_the_openai_client() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Serves `body` as any path but `/missing` (404) over HTTP/1.1 on
+/// loopback, for as long as the test runs.
+fn image_host(body: Vec<u8>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let reply = if head.starts_with("GET /missing") {
+                b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+            } else {
+                let mut r = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                r.extend_from_slice(&body);
+                r
+            };
+            let _ = conn.write_all(&reply);
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn image_urls_are_fetched_only_when_allowed() {
+    let mmproj = projector();
+    let bytes = png_bytes(&image(1));
+    let host = image_host(bytes.clone());
+    let c = Client::new();
+    let ask = |s: &Server, url: &str| {
+        post(
+            &c,
+            &s.url("/v1/chat/completions"),
+            &json!({"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": PROMPTS[0]}]}],
+                "max_tokens": 6, "temperature": 0, "cache_prompt": false}),
+        )
+    };
+    let url = format!("{host}/cat.png");
+    {
+        let s = Server::start(&["--mmproj", mmproj.to_str().expect("utf-8 path")]);
+        let (status, v) = ask(&s, &url);
+        assert_eq!(status, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap_or_default().contains("--fetch-image-urls"), "{v}");
+    }
+    let s = Server::start(&[
+        "--mmproj",
+        mmproj.to_str().expect("utf-8 path"),
+        "--fetch-image-urls",
+    ]);
+    let (status, fetched) = ask(&s, &url);
+    assert_eq!(status, 200, "{fetched}");
+    let (status, inline) = ask(&s, &data_url(&bytes, "image/png"));
+    assert_eq!(status, 200, "{inline}");
+    assert_eq!(
+        fetched["choices"][0]["message"]["content"], inline["choices"][0]["message"]["content"],
+        "the fetched image is the same image"
+    );
+    let (status, v) = ask(&s, &format!("{host}/missing"));
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("404"), "{v}");
+}

@@ -361,7 +361,10 @@ impl ProviderEndpoint {
                         .last_mut()
                         .and_then(|l| l["content"].as_array_mut())
                     {
-                        blocks.push(json!({"type": "text", "text": m.text()}));
+                        match anthropic_content(m) {
+                            Value::Array(parts) => blocks.extend(parts),
+                            text => blocks.push(json!({"type": "text", "text": text})),
+                        }
                     }
                     results_open = false;
                 }
@@ -395,7 +398,7 @@ impl ProviderEndpoint {
                     results_open = false;
                 }
                 Role::User | Role::Assistant => {
-                    messages.push(json!({"role": m.role.as_str(), "content": m.text()}));
+                    messages.push(json!({"role": m.role.as_str(), "content": anthropic_content(m)}));
                     results_open = false;
                 }
                 Role::Tool => {
@@ -740,5 +743,69 @@ impl StreamedCall {
         } else {
             self.pending.push_str(&args);
         }
+    }
+}
+
+/// A message's content as Anthropic takes it: its text, or blocks when it
+/// has images (a data URL as a base64 source, another URL as a url source).
+fn anthropic_content(m: &ChatMessage) -> Value {
+    use crate::chat::{ContentPart, MessageContent};
+    let Some(MessageContent::Parts(parts)) = &m.content else {
+        return Value::String(m.text());
+    };
+    if m.image_urls().is_empty() {
+        return Value::String(m.text());
+    }
+    let blocks = parts
+        .iter()
+        .map(|p| match p {
+            ContentPart::Text { text } => json!({"type": "text", "text": text}),
+            ContentPart::ImageUrl { image_url } => {
+                let url = image_url.url.trim();
+                match url
+                    .strip_prefix("data:")
+                    .and_then(|r| r.split_once(','))
+                    .and_then(|(head, data)| {
+                        head.strip_suffix(";base64").map(|mime| (mime, data))
+                    }) {
+                    Some((mime, data)) => json!({"type": "image", "source": {
+                        "type": "base64", "media_type": mime, "data": data}}),
+                    None => json!({"type": "image", "source": {"type": "url", "url": url}}),
+                }
+            }
+        })
+        .collect();
+    Value::Array(blocks)
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+    use crate::chat::{ContentPart, MessageContent, Role};
+
+    #[test]
+    fn images_become_anthropic_image_blocks() {
+        let m = ChatMessage::new(
+            Role::User,
+            MessageContent::Parts(vec![
+                ContentPart::image("data:image/png;base64,iVBOR"),
+                ContentPart::Text {
+                    text: "what is it?".into(),
+                },
+                ContentPart::image("https://example.com/a.jpg"),
+            ]),
+        );
+        assert_eq!(
+            anthropic_content(&m),
+            json!([
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+                {"type": "text", "text": "what is it?"},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}},
+            ])
+        );
+        assert_eq!(
+            anthropic_content(&ChatMessage::new(Role::User, "plain")),
+            json!("plain")
+        );
     }
 }
