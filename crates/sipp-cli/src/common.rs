@@ -51,7 +51,10 @@ impl From<StartError> for CliError {
         match &e {
             StartError::Config(_)
             | StartError::Runtime(
-                RuntimeError::InvalidModel(_) | RuntimeError::Placement(_) | RuntimeError::Lora(_),
+                RuntimeError::InvalidModel(_)
+                | RuntimeError::Placement(_)
+                | RuntimeError::Lora(_)
+                | RuntimeError::Media(_),
             ) => CliError::usage(e.to_string()),
             StartError::Runtime(_) => CliError::runtime(e.to_string()),
         }

@@ -389,7 +389,13 @@ fn image_urls_are_fetched_only_when_allowed() {
         let s = Server::start(&["--mmproj", mmproj.to_str().expect("utf-8 path")]);
         let (status, v) = ask(&s, &url);
         assert_eq!(status, 400, "{v}");
-        assert!(v["error"]["message"].as_str().unwrap_or_default().contains("--fetch-image-urls"), "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("--fetch-image-urls"),
+            "{v}"
+        );
     }
     let s = Server::start(&[
         "--mmproj",
@@ -406,5 +412,88 @@ fn image_urls_are_fetched_only_when_allowed() {
     );
     let (status, v) = ask(&s, &format!("{host}/missing"));
     assert_eq!(status, 400, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("404"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("404"),
+        "{v}"
+    );
+}
+
+#[test]
+fn run_takes_images_like_llama_mtmd_cli_and_refuses_bad_projectors() {
+    let mmproj = projector();
+    let model = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
+    let dir = std::env::temp_dir().join(format!("sipp-run-images-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let png = dir.join("image.png");
+    std::fs::write(&png, png_bytes(&image(4))).expect("write png");
+    let _turn = common::ServerTurn::take();
+    let run = |args: &[&std::ffi::OsStr]| {
+        Command::new(env!("CARGO_BIN_EXE_sipp"))
+            .arg("run")
+            .args(args)
+            .output()
+            .expect("sipp runs")
+    };
+    let out = run(&[
+        "--mmproj".as_ref(),
+        mmproj.as_os_str(),
+        "--image".as_ref(),
+        png.as_os_str(),
+        "-n".as_ref(),
+        N.to_string().as_ref(),
+        "--temperature".as_ref(),
+        "0".as_ref(),
+        "-t".as_ref(),
+        "2".as_ref(),
+        PROMPTS[1].as_ref(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let r = reference(&model, &mmproj, &png, PROMPTS[1]);
+    // One request alone on each side, computed alike, with the same kernels
+    // (both built for this machine): the same text. (`run` prints no
+    // logprobs for the near-tie rule; serve's test above applies it.)
+    assert_eq!(text, r, "sipp run vs llama-mtmd-cli");
+    // Another image, another answer: the image reaches the model.
+    let other = dir.join("other.png");
+    std::fs::write(&other, png_bytes(&image(2))).expect("write png");
+    let out2 = run(&[
+        "--mmproj".as_ref(),
+        mmproj.as_os_str(),
+        "--image".as_ref(),
+        other.as_os_str(),
+        "-n".as_ref(),
+        N.to_string().as_ref(),
+        "--temperature".as_ref(),
+        "0".as_ref(),
+        PROMPTS[1].as_ref(),
+    ]);
+    assert!(out2.status.success());
+    assert_ne!(String::from_utf8_lossy(&out2.stdout).trim(), text);
+    // A projector that is none, or one that is missing: usage errors.
+    for bad in [
+        model.as_os_str(),
+        dir.join("missing.gguf").into_os_string().leak(),
+    ] {
+        let out = run(&["--mmproj".as_ref(), bad, "hi".as_ref()]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("projector"));
+    }
+    // An image for a model without a projector.
+    let out = run(&["--image".as_ref(), png.as_os_str(), "hi".as_ref()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("takes no images"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

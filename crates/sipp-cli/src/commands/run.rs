@@ -38,6 +38,11 @@ pub struct RunArgs {
     /// Print prompt and decode speed and time to first token to stderr.
     #[arg(long)]
     pub stats: bool,
+    /// An image (PNG, JPEG or WebP; repeatable) for a model with a projector
+    /// (`--mmproj`): the prompt then becomes one user turn of the model's
+    /// chat template, the images before the text (as llama-mtmd-cli does).
+    #[arg(long = "image", value_name = "PATH")]
+    pub images: Vec<std::path::PathBuf>,
     /// The prompt.
     pub prompt: String,
 }
@@ -69,12 +74,17 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(CliError::usage("the prompt is empty"));
     }
     let engine = load_engine(&args.model.model, cfg, false)?;
+    let prompt = if args.images.is_empty() {
+        sipp::PromptInput::Text(args.prompt)
+    } else {
+        image_turn(&engine, &args.images, args.prompt)?
+    };
     let req = GenerateRequest {
         max_tokens: Some(args.max_tokens),
         stop: args.stop,
         ignore_eos: args.ignore_eos,
         sampling: Some(SamplingParams { ..sampling }),
-        ..GenerateRequest::new(args.prompt)
+        ..GenerateRequest::new(prompt)
     };
     let mut handle = engine.generate(req)?;
     let mut out = std::io::stdout().lock();
@@ -112,4 +122,22 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     Err(CliError::runtime(
         "the engine stopped before the request finished",
     ))
+}
+
+/// One user turn with the images (read from files) before the text.
+fn image_turn(
+    engine: &sipp::Engine,
+    paths: &[std::path::PathBuf],
+    text: String,
+) -> Result<sipp::PromptInput, CliError> {
+    use sipp::chat::{ChatMessage, ContentPart, MessageContent, Role};
+    let mut parts = Vec::with_capacity(paths.len() + 1);
+    for p in paths {
+        let bytes = std::fs::read(p)
+            .map_err(|e| CliError::usage(format!("cannot read image {}: {e}", p.display())))?;
+        parts.push(ContentPart::image(sipp::media::data_url(&bytes)));
+    }
+    parts.push(ContentPart::Text { text });
+    let messages = [ChatMessage::new(Role::User, MessageContent::Parts(parts))];
+    Ok(engine.chat_prompt(&messages)?)
 }

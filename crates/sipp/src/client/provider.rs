@@ -398,7 +398,8 @@ impl ProviderEndpoint {
                     results_open = false;
                 }
                 Role::User | Role::Assistant => {
-                    messages.push(json!({"role": m.role.as_str(), "content": anthropic_content(m)}));
+                    messages
+                        .push(json!({"role": m.role.as_str(), "content": anthropic_content(m)}));
                     results_open = false;
                 }
                 Role::Tool => {
@@ -765,9 +766,8 @@ fn anthropic_content(m: &ChatMessage) -> Value {
                 match url
                     .strip_prefix("data:")
                     .and_then(|r| r.split_once(','))
-                    .and_then(|(head, data)| {
-                        head.strip_suffix(";base64").map(|mime| (mime, data))
-                    }) {
+                    .and_then(|(head, data)| head.strip_suffix(";base64").map(|mime| (mime, data)))
+                {
                     Some((mime, data)) => json!({"type": "image", "source": {
                         "type": "base64", "media_type": mime, "data": data}}),
                     None => json!({"type": "image", "source": {"type": "url", "url": url}}),

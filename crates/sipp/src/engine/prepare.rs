@@ -353,7 +353,8 @@ impl RequestPreparer {
         };
         let Some(projector) = self.vocab.media() else {
             return Err(bad(format!(
-                "{} takes no images: it has no multimodal projector (load one with --mmproj,                  or `mmproj` in the model's config)",
+                "{} takes no images: it has no multimodal projector (load one with \
+                 --mmproj, or `mmproj` in the model's config)",
                 self.info.model.name.as_deref().unwrap_or("this model")
             )));
         };

@@ -261,6 +261,15 @@ pub fn load_images(urls: &[&str], limits: &ImageLimits) -> Result<Vec<Arc<Image>
         .collect()
 }
 
+/// Bytes as a base64 `data:` URL (the format is found from the bytes when
+/// read back, so the MIME type is generic).
+pub fn data_url(bytes: &[u8]) -> String {
+    format!(
+        "data:application/octet-stream;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
 /// SHA-256 of the size and pixels, first 8 bytes.
 fn pixel_hash(width: u32, height: u32, rgb: &[u8]) -> u64 {
     let mut h = Sha256::new();
