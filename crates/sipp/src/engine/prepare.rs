@@ -81,6 +81,9 @@ impl EngineInfo {
     }
 }
 
+/// An encoder-decoder request's input (see [`PreparedRequest::encoder_input`]).
+type EncoderInput = Option<Arc<[Token]>>;
+
 /// Validates and tokenizes requests on the caller's thread.
 #[derive(Clone)]
 pub struct RequestPreparer {
@@ -559,7 +562,7 @@ impl RequestPreparer {
         &self,
         prompt: &PromptInput,
         parse_special: bool,
-    ) -> Result<(Vec<Token>, Option<Arc<[Token]>>), EngineError> {
+    ) -> Result<(Vec<Token>, EncoderInput), EngineError> {
         let info = &self.info;
         if matches!(prompt, PromptInput::Media(_)) {
             return Err(EngineError::Unsupported(
