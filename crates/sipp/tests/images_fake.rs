@@ -142,13 +142,13 @@ fn a_decoding_stream_advances_every_step_while_images_are_computed() {
             _ => {}
         }
     }
+    let before = e.metrics();
     let images: Vec<_> = (0..8)
         .map(|i| {
             e.generate(greedy(image_prompt(100 + i, "Picture ", " caption:"), 4))
                 .expect("submit")
         })
         .collect();
-    let before = e.metrics();
     for h in images {
         h.blocking_completion()
             .expect("every image request completes");

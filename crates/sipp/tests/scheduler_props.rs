@@ -1,7 +1,8 @@
 //! Property tests of the scheduler, KV bookkeeping and engine step against the
 //! fake backend: random arrivals, prompt lengths, shared prefixes, max_tokens,
-//! stop strings, cancellations, injected decode failures, and speculative
-//! drafts accepted and rejected (rejected rows are rolled back every step).
+//! stop strings, cancellations, injected decode failures, speculative drafts
+//! accepted and rejected (rejected rows are rolled back every step), and
+//! prompts with images (spans of their own, shared like text, some failing).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +33,8 @@ struct Arrival {
     poison: bool,
     greedy: bool,
     repeatable: bool,
+    /// An image after the base prefix: (which of a few images, its tokens).
+    image: Option<(u8, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +73,7 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         proptest::bool::weighted(0.08),
         proptest::bool::weighted(0.7),
         proptest::bool::weighted(0.1),
+        proptest::option::weighted(0.3, (0u8..3, 1usize..24)),
     )
         .prop_map(
             |(
@@ -83,6 +87,7 @@ fn arrival() -> impl Strategy<Value = Arrival> {
                 poison,
                 greedy,
                 repeatable,
+                image,
             )| {
                 Arrival {
                     step,
@@ -95,6 +100,7 @@ fn arrival() -> impl Strategy<Value = Arrival> {
                     poison,
                     greedy,
                     repeatable,
+                    image,
                 }
             },
         )
@@ -158,6 +164,38 @@ fn prompt_text(a: &Arrival) -> String {
         s.push_str("<poison>");
     }
     s
+}
+
+/// The prompt: text, or with an image the fake's byte tokens around the
+/// image's placeholders (a poisoned arrival's image fails to compute).
+fn prompt_input(a: &Arrival) -> PromptInput {
+    let Some((which, n_tokens)) = a.image else {
+        return PromptInput::Text(prompt_text(a));
+    };
+    let base = BASES[a.base].as_bytes();
+    let mut tokens: Vec<Token> = base[..a.prefix_len.min(base.len())]
+        .iter()
+        .map(|&b| Token::from(b))
+        .collect();
+    let start = tokens.len();
+    let hash = if a.poison {
+        sipp::runtime::fake::POISON_IMAGE
+    } else {
+        u64::from(which) + 1
+    };
+    tokens.extend(sipp::media::placeholder_tokens(hash, n_tokens));
+    tokens.extend(a.suffix.iter().map(|&b| Token::from(b)));
+    PromptInput::Media(sipp::engine::MediaPrompt {
+        tokens,
+        media: vec![sipp::runtime::MediaSpan {
+            start,
+            chunk: sipp::runtime::MediaChunk {
+                hash,
+                n_tokens,
+                handle: Arc::new(()),
+            },
+        }],
+    })
 }
 
 struct Harness {
@@ -295,7 +333,7 @@ fn run(sc: &Scenario) -> Result<Vec<Tracked>, TestCaseError> {
                     }
                 }),
                 repeatable: a.repeatable,
-                ..GenerateRequest::new(PromptInput::Text(prompt_text(a)))
+                ..GenerateRequest::new(prompt_input(a))
             };
             let id = 1000 + i as u64;
             let mut t = Tracked {

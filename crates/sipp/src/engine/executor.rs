@@ -83,38 +83,7 @@ impl<B: Backend> Executor<B> {
                 Err(e) => out.sampler_failures.push((a.slot, e)),
             }
         }
-        // An encoder-decoder request's input is encoded once, before its
-        // decoder's first row (llama.cpp keeps one encoder output per
-        // context: such models run one request at a time).
-        for a in &plan.admissions {
-            let Some(input) = &a.encoder_input else {
-                continue;
-            };
-            if out.sampler_failures.iter().any(|(s, _)| *s == a.slot) {
-                continue;
-            }
-            let rows: Vec<BatchRow> = input
-                .iter()
-                .enumerate()
-                .map(|(i, &token)| BatchRow {
-                    token,
-                    pos: i as u32,
-                    seq: a.lease.seq_id,
-                    output: false,
-                })
-                .collect();
-            let started = Instant::now();
-            let encoded = self.backend.encode(&rows);
-            self.metrics
-                .batch_ns
-                .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-            if let Err(e) = encoded {
-                out.sampler_failures.push((
-                    a.slot,
-                    EngineError::Decode(format!("llama.cpp could not encode the input: {e}")),
-                ));
-            }
-        }
+        self.encode_wave(plan, &mut out);
         // Draft-model rows get their tokens now.
         let filled = self.fill_model_drafts(&plan.batch.spans);
         let all: &[BatchSpan] = filled.as_deref().unwrap_or(&plan.batch.spans);
@@ -236,6 +205,47 @@ impl<B: Backend> Executor<B> {
                 ))),
                 drafted: 0,
             }]),
+        }
+    }
+
+    /// Encodes the inputs of the encoder-decoder requests admitted this step
+    /// in one llama_encode, each in its own sequence, before their decoders'
+    /// first rows. llama.cpp keeps one encoder output per context, for every
+    /// sequence of that encode: the scheduler admits such a wave only when the
+    /// previous one is done. A failure fails the whole wave.
+    fn encode_wave(&mut self, plan: &StepPlan, out: &mut StepOutput) {
+        let wave: Vec<_> = plan
+            .admissions
+            .iter()
+            .filter(|a| !out.sampler_failures.iter().any(|(s, _)| *s == a.slot))
+            .filter_map(|a| a.encoder_input.as_ref().map(|input| (a, input)))
+            .collect();
+        if wave.is_empty() {
+            return;
+        }
+        let rows: Vec<BatchRow> = wave
+            .iter()
+            .flat_map(|(a, input)| {
+                input.iter().enumerate().map(|(i, &token)| BatchRow {
+                    token,
+                    pos: i as u32,
+                    seq: a.lease.seq_id,
+                    output: false,
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        let encoded = self.backend.encode(&rows);
+        self.metrics
+            .batch_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        if let Err(e) = encoded {
+            for (a, _) in wave {
+                out.sampler_failures.push((
+                    a.slot,
+                    EngineError::Decode(format!("llama.cpp could not encode the input: {e}")),
+                ));
+            }
         }
     }
 

@@ -190,12 +190,6 @@ impl Engine {
         config: NativeRuntimeConfig,
     ) -> Engine {
         let vocab = backend.vocab();
-        let mut config = config;
-        if vocab.info().is_encoder_decoder() {
-            // One encoder output per context: one request at a time.
-            config.context.n_parallel = 1;
-            config.scheduler.max_running_requests = 0;
-        }
         let mut info = EngineInfo::new(&backend, &config);
         info.has_draft_model = draft.is_some();
         let preparer = RequestPreparer::new(vocab, info);

@@ -527,8 +527,10 @@ impl Backend for FakeBackend {
                 output: false,
             })
             .collect();
+        // In batches of at most n_batch rows, as libmtmd's helper decodes.
         let batches = self.batches;
-        let r = self.decode(&rows);
+        let n = (self.cfg.n_batch as usize).max(1);
+        let r = rows.chunks(n).try_for_each(|c| self.decode(c));
         self.batches = batches;
         r
     }

@@ -135,11 +135,25 @@ impl Scheduler {
     /// Admits queued requests, in order, while a slot and KV room allow.
     fn admit(&self, d: &mut Draft<'_>, kv: &KvSessions) {
         let encoder = self.model_is_encoder;
+        // Encoder-decoder requests run in waves: llama.cpp keeps one encoder
+        // output per context (for all the sequences of one encode), so a wave
+        // is admitted, and encoded together, only when the last one is done,
+        // and only as much as one encode batch holds.
+        let busy_before = d.busy().next().is_some();
+        let mut wave_tokens = 0usize;
         for q in &self.queue {
             let Some(slot) = d.slots.iter().position(Option::is_none) else {
                 break;
             };
             let req = &q.req;
+            if let Some(input) = &req.encoder_input {
+                if busy_before
+                    || (wave_tokens > 0 && wave_tokens + input.len() > self.limits.n_ubatch)
+                {
+                    break;
+                }
+                wave_tokens += input.len();
+            }
             // A repeatable request runs alone: it waits for the others to
             // finish, and nothing joins it.
             let any_busy = d.busy().next().is_some();
