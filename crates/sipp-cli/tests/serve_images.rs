@@ -325,6 +325,9 @@ fn images_match_llama_mtmd_cli_and_serve_the_openai_client() {
     assert_eq!(status, 200, "{v}");
     assert!(v["usage"]["input_tokens"].as_u64().unwrap_or(0) > 64, "{v}");
 
+    // Every image so far was computed and counted.
+    let images = s.metric("sipp_images_total{").expect("sipp_images_total");
+    assert!(images >= 10.0, "{images} images counted");
     // The official client: streamed and not, cached, concurrent.
     let urls: Vec<&String> = pngs.iter().map(|(_, u)| u).collect();
     let file = dir.join("images.json");

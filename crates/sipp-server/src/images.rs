@@ -143,3 +143,23 @@ async fn fetch(client: &reqwest::Client, url: &str, max: usize) -> Result<Vec<u8
     }
     Ok(out)
 }
+
+/// Runs `f` (a chat preparation) so that, when it decodes and preprocesses
+/// images (`heavy`), the async worker's other tasks (streams being written)
+/// move to other workers meanwhile. Plain call otherwise, and on a
+/// single-threaded runtime.
+pub fn prepare<T>(heavy: bool, f: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if heavy && multi {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
+/// Whether a chat preparation decodes images: the engine takes them and a
+/// message has some.
+pub fn heavy(engine: &sipp::Engine, messages: &[ChatMessage]) -> bool {
+    engine.info().model.takes_images && messages.iter().any(|m| !m.image_urls().is_empty())
+}

@@ -387,7 +387,7 @@ impl Collector for EngineCollector {
             G,
         )?;
         placement_gauges(&mut encoder, &snapshots)?;
-        let counters: [Series; 11] = [
+        let counters: [Series; 13] = [
             ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
                 m.prompt_tokens
             }),
@@ -427,6 +427,16 @@ impl Collector for EngineCollector {
                 "sipp_draft_accepted_tokens",
                 "Drafted tokens accepted (each saved a decode step)",
                 |m| m.draft_accepted_tokens,
+            ),
+            (
+                "sipp_images",
+                "Images computed (encoded, or taken from the projector's cache, and decoded)",
+                |m| m.images,
+            ),
+            (
+                "sipp_image_milliseconds",
+                "Engine time spent computing images, in milliseconds",
+                |m| m.image_ns / 1_000_000,
             ),
             (
                 "sipp_idle_invariant_violations",

@@ -123,8 +123,9 @@ fn prepare(engine: &Engine, conv: Conversation<'_>) -> Result<PreparedTurn, ApiE
     if let Some(e) = ApiError::cannot_generate(engine) {
         return Err(e);
     }
-    engine
-        .prepare_turn(&ChatTurn {
+    let heavy = crate::images::heavy(engine, &parts.messages);
+    crate::images::prepare(heavy, || {
+        engine.prepare_turn(&ChatTurn {
             messages: &parts.messages,
             tools: &parts.tools,
             reasoning: ReasoningFormat::Split,
@@ -137,15 +138,16 @@ fn prepare(engine: &Engine, conv: Conversation<'_>) -> Result<PreparedTurn, ApiE
                     && !m.text().trim().is_empty()
             }),
         })
-        .map_err(|e| {
-            let mut e = ApiError::from(e);
-            if let Some(p) = e.param.take() {
-                let named = anthropic_field(&p);
-                e.message = e.message.replace(&p, &named);
-                e.param = Some(named);
-            }
-            e
-        })
+    })
+    .map_err(|e| {
+        let mut e = ApiError::from(e);
+        if let Some(p) = e.param.take() {
+            let named = anthropic_field(&p);
+            e.message = e.message.replace(&p, &named);
+            e.param = Some(named);
+        }
+        e
+    })
 }
 
 /// The number of tokens of a prepared prompt.

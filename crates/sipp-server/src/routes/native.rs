@@ -228,12 +228,15 @@ pub async fn chat(
     let spec = tool_spec(&req)?;
     // Reasoning stays in the text unless asked for apart, as before tools.
     let reasoning = req.reasoning_format.unwrap_or(ReasoningFormat::None);
-    let turn = engine.prepare_turn(&ChatTurn {
-        messages: &req.messages,
-        tools: &spec,
-        reasoning,
-        kwargs: None,
-        continue_final: false,
+    let heavy = crate::images::heavy(&engine, &req.messages);
+    let turn = crate::images::prepare(heavy, || {
+        engine.prepare_turn(&ChatTurn {
+            messages: &req.messages,
+            tools: &spec,
+            reasoning,
+            kwargs: None,
+            continue_final: false,
+        })
     })?;
     let parse = spec.may_call() || reasoning == ReasoningFormat::Split;
     let chat = parse.then(|| ChatOutput {

@@ -504,12 +504,15 @@ pub(super) fn chat_turn(
         ));
     }
     let spec = tool_spec(req)?;
-    Ok(engine.prepare_turn(&ChatTurn {
-        messages: &req.messages,
-        tools: &spec,
-        reasoning: req.reasoning_format.unwrap_or_default(),
-        kwargs: req.chat_template_kwargs.as_ref(),
-        continue_final: req.continue_final_message.unwrap_or(false),
+    let heavy = crate::images::heavy(engine, &req.messages);
+    Ok(crate::images::prepare(heavy, || {
+        engine.prepare_turn(&ChatTurn {
+            messages: &req.messages,
+            tools: &spec,
+            reasoning: req.reasoning_format.unwrap_or_default(),
+            kwargs: req.chat_template_kwargs.as_ref(),
+            continue_final: req.continue_final_message.unwrap_or(false),
+        })
     })?)
 }
 

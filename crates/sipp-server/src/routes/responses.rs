@@ -1029,15 +1029,16 @@ fn local_source(
     messages: &[ChatMessage],
     spec: &ToolSpec,
 ) -> Result<(TurnSource, sipp::sampling::SamplingParams), ApiError> {
-    let turn = engine
-        .prepare_turn(&ChatTurn {
+    let turn = crate::images::prepare(crate::images::heavy(engine, messages), || {
+        engine.prepare_turn(&ChatTurn {
             messages,
             tools: spec,
             reasoning: ReasoningFormat::Split,
             kwargs: req.chat_template_kwargs.as_ref(),
             continue_final: false,
         })
-        .map_err(|e| input_error(e.into()))?;
+    })
+    .map_err(|e| input_error(e.into()))?;
     let format = req
         .text
         .as_ref()
