@@ -3,32 +3,17 @@
 //! place is reused from the KV cache, a failing image fails its request
 //! alone, and decoding slots keep advancing while images are computed.
 
+mod common;
+
 use std::sync::Arc;
 
-use sipp::config::{CacheMode, NativeRuntimeConfig};
-use sipp::engine::{Engine, GenerateRequest, MediaPrompt, PromptInput, RequestEvent};
+use common::fake_engine as engine;
+use sipp::engine::{GenerateRequest, MediaPrompt, PromptInput, RequestEvent};
 use sipp::media::placeholder_tokens;
-use sipp::runtime::fake::{FakeBackend, FakeConfig, POISON_IMAGE};
+use sipp::runtime::fake::POISON_IMAGE;
 use sipp::runtime::{MediaChunk, MediaSpan};
 
 const IMAGE_TOKENS: usize = 24;
-
-fn engine(slots: u32) -> Engine {
-    let mut cfg = NativeRuntimeConfig::default();
-    cfg.context.n_parallel = slots;
-    cfg.context.n_batch = 64;
-    cfg.context.n_ubatch = 64;
-    cfg.cache.mode = CacheMode::SharedPrefix;
-    cfg.cache.idle_sequences = 2;
-    cfg.cache.min_prefix_tokens = 8;
-    let fake = FakeConfig {
-        n_seq_max: slots + 2,
-        n_batch: 64,
-        n_ubatch: 64,
-        ..FakeConfig::default()
-    };
-    Engine::start(FakeBackend::new(fake), cfg)
-}
 
 /// "before" + image + "after", as the chat preparation builds it.
 fn image_prompt(hash: u64, before: &str, after: &str) -> PromptInput {

@@ -5,30 +5,16 @@
 //! other models are refused. The mirror stays equal to the backend throughout
 //! (the idle invariant check).
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sipp::config::{CacheMode, NativeRuntimeConfig};
+use common::fake_engine as engine;
+use sipp::config::NativeRuntimeConfig;
 use sipp::engine::{Engine, GenerateRequest, KvHolder, SlotActionError};
 use sipp::runtime::fake::{FakeBackend, FakeConfig};
 use sipp::session::{read_slot_file, write_slot_file, SlotFileError};
-
-fn engine(slots: u32) -> Engine {
-    let mut cfg = NativeRuntimeConfig::default();
-    cfg.context.n_parallel = slots;
-    cfg.context.n_batch = 64;
-    cfg.context.n_ubatch = 64;
-    cfg.cache.mode = CacheMode::SharedPrefix;
-    cfg.cache.idle_sequences = 2;
-    cfg.cache.min_prefix_tokens = 8;
-    let fake = FakeConfig {
-        n_seq_max: slots + 2,
-        n_batch: 64,
-        n_ubatch: 64,
-        ..FakeConfig::default()
-    };
-    Engine::start(FakeBackend::new(fake), cfg)
-}
 
 fn run(e: &Engine, prompt: &str, key: Option<&str>) -> sipp::engine::Completion {
     e.generate(GenerateRequest {

@@ -326,18 +326,28 @@ pub fn tiny_model(
     src: &std::path::Path,
     args: &[&str],
 ) -> std::path::PathBuf {
+    generated(name, script, Some(src), args)
+}
+
+/// `scripts/SCRIPT [SRC] OUT ARGS...` run once, its output cached as `name`.
+fn generated(
+    name: &str,
+    script: &str,
+    src: Option<&std::path::Path>,
+    args: &[&str],
+) -> std::path::PathBuf {
     let out = sipp::models::cache_dir().join(name);
     if !out.exists() {
         let made = Command::new(python())
             .arg(manifest_dir().join("../../scripts").join(script))
-            .arg(src)
+            .args(src)
             .arg(&out)
             .args(args)
             .output()
             .expect("python runs");
         assert!(
             made.status.success(),
-            "{script} failed (scripts/test.sh installs gguf into SIPP_PYTHON's venv): {}",
+            "{script} failed (scripts/test.sh installs its packages into SIPP_PYTHON's venv): {}",
             String::from_utf8_lossy(&made.stderr)
         );
     }
@@ -374,19 +384,5 @@ pub fn reference_tool(name: &str) -> std::path::PathBuf {
 /// A tiny test model in the model cache, named `name`, written on first use
 /// by `scripts/SCRIPT OUT ARGS...` (a generator that needs no source model).
 pub fn tiny_model_from_scratch(name: &str, script: &str, args: &[&str]) -> std::path::PathBuf {
-    let out = sipp::models::cache_dir().join(name);
-    if !out.exists() {
-        let made = Command::new(python())
-            .arg(manifest_dir().join("../../scripts").join(script))
-            .arg(&out)
-            .args(args)
-            .output()
-            .expect("python runs");
-        assert!(
-            made.status.success(),
-            "{script} failed (scripts/test.sh installs its packages into SIPP_PYTHON's venv): {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
-    out
+    generated(name, script, None, args)
 }

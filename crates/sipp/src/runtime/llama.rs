@@ -939,6 +939,12 @@ impl LlamaRuntime {
     fn fill_batch(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
         self.batch.clear();
         self.last_rows.clear();
+        // An image placeholder is no token: llama.cpp would abort on it. The
+        // scheduler never sends one; if it did, the batch fails instead (and
+        // the executor's split narrows the failure to its request).
+        if rows.iter().any(|r| crate::media::is_placeholder(r.token)) {
+            return Err(BatchError::Failed(-101));
+        }
         for r in rows {
             self.batch
                 .add(LlamaToken(r.token), r.pos as i32, &[r.seq], r.output)

@@ -1,4 +1,5 @@
-//! Shared set-up for tests on the real default model.
+//! Shared set-up for tests on the real default model (and one engine on the
+//! fake backend).
 #![allow(dead_code)]
 
 pub mod rpc;
@@ -134,4 +135,24 @@ pub fn compare_greedy(
 pub fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
+}
+
+/// An engine on the fake backend: `slots` slots, 64-token steps, shared
+/// prefixes (8 tokens or more) and two idle sequences kept.
+pub fn fake_engine(slots: u32) -> Engine {
+    use sipp::runtime::fake::{FakeBackend, FakeConfig};
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_parallel = slots;
+    cfg.context.n_batch = 64;
+    cfg.context.n_ubatch = 64;
+    cfg.cache.mode = sipp::config::CacheMode::SharedPrefix;
+    cfg.cache.idle_sequences = 2;
+    cfg.cache.min_prefix_tokens = 8;
+    let fake = FakeConfig {
+        n_seq_max: slots + 2,
+        n_batch: 64,
+        n_ubatch: 64,
+        ..FakeConfig::default()
+    };
+    Engine::start(FakeBackend::new(fake), cfg)
 }
