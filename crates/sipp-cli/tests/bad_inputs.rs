@@ -745,16 +745,9 @@ fn catalogue() -> Vec<Case> {
 }
 
 fn png(w: u32, h: u32) -> Vec<u8> {
-    let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png)
-        .expect("png");
-    out.into_inner()
-}
-
-fn b64(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    common::png_bytes(&image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([x as u8, y as u8, 7])
+    }))
 }
 
 /// A chat body whose user message has these image URLs, then text.
@@ -773,7 +766,7 @@ fn with_images(model: &str, urls: &[String], text: &str) -> String {
 /// images of 200 kB and 512 pixels a side) and its text-only one (`text`).
 fn image_cases() -> Vec<Case> {
     let ch = "/v1/chat/completions";
-    let ok = format!("data:image/png;base64,{}", b64(&png(8, 8)));
+    let ok = common::data_url(&png(8, 8), "image/png");
     let mut broken = png(8, 8);
     broken.truncate(40);
     let mut big = png(8, 8);
@@ -790,15 +783,15 @@ fn image_cases() -> Vec<Case> {
     vec![
         own(
             "image that does not decode",
-            body(&[format!("data:image/png;base64,{}", b64(&broken))], "hi"),
+            body(&[common::data_url(&broken, "image/png")], "hi"),
             "does not decode",
         ),
         own(
             "image format not supported",
             body(
-                &[format!(
-                    "data:image/gif;base64,{}",
-                    b64(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;")
+                &[common::data_url(
+                    b"GIF89a\x01\x00\x01\x00\x00\x00\x00;",
+                    "image/gif",
                 )],
                 "hi",
             ),
@@ -811,15 +804,12 @@ fn image_cases() -> Vec<Case> {
         ),
         own(
             "image too large",
-            body(&[format!("data:image/png;base64,{}", b64(&big))], "hi"),
+            body(&[common::data_url(&big, "image/png")], "hi"),
             "allowed per image",
         ),
         own(
             "image too many pixels",
-            body(
-                &[format!("data:image/png;base64,{}", b64(&png(600, 4)))],
-                "hi",
-            ),
+            body(&[common::data_url(&png(600, 4), "image/png")], "hi"),
             "600x4",
         ),
         own(

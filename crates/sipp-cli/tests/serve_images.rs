@@ -16,6 +16,7 @@ use std::process::Command;
 use base64::Engine as _;
 use common::post_json as post;
 use common::Server;
+use common::{data_url, png_bytes};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 
@@ -74,20 +75,6 @@ fn image(i: u32) -> image::RgbImage {
             _ => image::Rgb([noise, noise / 2, 255 - noise]),
         }
     })
-}
-
-fn png_bytes(img: &image::RgbImage) -> Vec<u8> {
-    let mut out = std::io::Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png)
-        .expect("png");
-    out.into_inner()
-}
-
-fn data_url(bytes: &[u8], mime: &str) -> String {
-    format!(
-        "data:{mime};base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
 }
 
 /// llama-mtmd-cli's greedy text for one image and prompt: the model's own

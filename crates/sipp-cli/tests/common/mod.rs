@@ -386,3 +386,20 @@ pub fn reference_tool(name: &str) -> std::path::PathBuf {
 pub fn tiny_model_from_scratch(name: &str, script: &str, args: &[&str]) -> std::path::PathBuf {
     generated(name, script, None, args)
 }
+
+/// An image encoded as PNG.
+pub fn png_bytes(img: &image::RgbImage) -> Vec<u8> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png)
+        .expect("png");
+    out.into_inner()
+}
+
+/// Bytes as a base64 `data:` URL of the given MIME type.
+pub fn data_url(bytes: &[u8], mime: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}

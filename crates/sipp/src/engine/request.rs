@@ -26,18 +26,6 @@ pub enum PromptInput {
     Media(MediaPrompt),
 }
 
-impl PromptInput {
-    /// The prompt's tokens, when it is already tokenized (images as their
-    /// placeholders).
-    pub fn tokens(&self) -> Option<&[Token]> {
-        match self {
-            PromptInput::Text(_) => None,
-            PromptInput::Tokens(t) => Some(t),
-            PromptInput::Media(m) => Some(&m.tokens),
-        }
-    }
-}
-
 /// A tokenized prompt with images: placeholder tokens where each image's
 /// embeddings go ([`crate::media::placeholder_tokens`]), and the images.
 #[derive(Debug, Clone, PartialEq)]
