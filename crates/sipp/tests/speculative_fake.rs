@@ -170,12 +170,46 @@ fn a_request_chooses_its_own_speculation_and_bad_values_are_refused() {
     let mut r = request(0, 8, SamplingParams::greedy());
     r.speculative = Some(SpeculativeRequest {
         mode: None,
-        n_max: Some(33),
+        n_max: Some(65),
     });
     match e.generate(r) {
         Err(EngineError::InvalidRequest { field, .. }) => assert_eq!(field, "speculative.n_max"),
         other => panic!("expected a refusal, got {:?}", other.map(|h| h.id())),
     }
+}
+
+#[test]
+fn ngram_is_the_default_and_repeatable_requests_draft_only_when_they_ask() {
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_parallel = 1;
+    cfg.context.n_batch = 128;
+    cfg.context.n_ubatch = 128;
+    cfg.speculative.row_cost_ratio = 100.0;
+    let e = Engine::start(FakeBackend::new(fake()), cfg);
+    let run = |r: GenerateRequest| {
+        e.generate(r)
+            .expect("submit")
+            .blocking_completion()
+            .expect("runs")
+    };
+    let plain = run(request(0, 48, SamplingParams::greedy()));
+    assert!(plain.stats.drafted_tokens > 0, "the default drafts");
+    let repeatable = run(GenerateRequest {
+        repeatable: true,
+        ..request(0, 48, SamplingParams::greedy())
+    });
+    assert_eq!(repeatable.stats.drafted_tokens, 0);
+    assert_eq!(repeatable.tokens, plain.tokens);
+    let asked = run(GenerateRequest {
+        repeatable: true,
+        speculative: Some(SpeculativeRequest {
+            mode: Some(SpeculativeMode::Ngram),
+            n_max: None,
+        }),
+        ..request(0, 48, SamplingParams::greedy())
+    });
+    assert!(asked.stats.drafted_tokens > 0);
+    assert_eq!(asked.tokens, plain.tokens);
 }
 
 #[test]

@@ -520,7 +520,14 @@ impl RequestPreparer {
             }),
             None => None,
         };
+        // A repeatable request speculates only when it asks to: which drafts
+        // a step verifies follows measured timings, and a step's shape can
+        // move logits at near-ties.
+        let asked = req.speculative.as_ref().is_some_and(|s| s.mode.is_some());
         let mut speculative = self.speculation(req.speculative)?;
+        if req.repeatable && !asked {
+            speculative.mode = crate::config::SpeculativeMode::Off;
+        }
         if !media.is_empty() || encoder_input.is_some() {
             // Drafts come from the context (n-gram) or a draft model that
             // sees tokens; image placeholders are neither.

@@ -104,7 +104,9 @@ pub struct Scheduler {
     /// A slot was freed: preempted slots resume at the next step.
     resume_due: bool,
     /// What a batch row costs against a step (which drafts pay).
-    row_cost: speculate::RowCost,
+    step_cost: speculate::StepCost,
+    /// N-gram drafts' acceptance by match length.
+    ngram_acceptance: speculate::NgramAcceptance,
     /// One adapter set per step (see [`SchedulerConfig::rotate_adapters`]).
     rotate_adapters: bool,
 }
@@ -133,7 +135,8 @@ impl Scheduler {
             rotation: 0,
             admissions: 0,
             resume_due: false,
-            row_cost: speculate::RowCost::new(config.row_cost_ratio),
+            step_cost: speculate::StepCost::new(config.row_cost_ratio),
+            ngram_acceptance: speculate::NgramAcceptance::default(),
             rotate_adapters: config.rotate_adapters,
         }
     }

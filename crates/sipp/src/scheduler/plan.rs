@@ -111,6 +111,9 @@ pub struct BatchSpan {
     /// row k is kept, and row k + 1 read, only while it equals row k + 1's
     /// token; the rows of rejected tokens leave the KV cache.
     pub draft: usize,
+    /// The length of the n-gram match the draft continues (0: no n-gram
+    /// draft), for the scheduler's acceptance estimate.
+    pub draft_match: usize,
     /// Set when the draft model drafts those rows as the step runs (they hold
     /// placeholders until then): the slot's tokens, context and pending.
     pub draft_history: Option<Vec<Token>>,

@@ -462,23 +462,35 @@ impl Scheduler {
             .filter(|(_, s)| matches!(s.phase, SlotPhase::Decode | SlotPhase::EmitBuffered))
             .map(|(i, _)| i)
             .collect();
+        // An n-gram draft's chance follows its match's length; a draft
+        // model's, the slot's record (with a probe now and then).
         let asks: Vec<(usize, f64, bool)> = decoding
             .iter()
             .map(|&i| {
                 let s = d.slots[i].as_ref().expect("busy");
-                let probe = s.spec.probe_due(decoding.len());
-                (s.draft.len(), s.spec.acceptance(), probe)
+                match &s.draft {
+                    Proposal::Ngram { tokens, matched } => (
+                        tokens.len(),
+                        self.ngram_acceptance.estimate(*matched),
+                        false,
+                    ),
+                    _ => (
+                        s.draft.len(),
+                        s.spec.acceptance(),
+                        s.spec.probe_due(decoding.len()),
+                    ),
+                }
             })
             .collect();
         if asks.iter().all(|a| a.0 == 0) {
             return;
         }
-        let n = decoding.len() as f64;
-        let keep = worth_keeping(&asks, n, n, self.row_cost.ratio());
+        let curve = self.step_cost.curve();
+        let keep = worth_keeping(&asks, decoding.len(), |rows| curve.cost(rows));
         for (&i, k) in decoding.iter().zip(keep) {
             let s = d.slots[i].as_mut().expect("busy");
             match &mut s.draft {
-                Proposal::Tokens(t) => t.truncate(k),
+                Proposal::Ngram { tokens, .. } => tokens.truncate(k),
                 Proposal::Model { n, .. } => *n = (*n).min(k),
                 Proposal::None => {}
             }
@@ -547,7 +559,7 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
     } else if s.decode {
         let mut rows = t.pending.clone();
         match &ds.draft {
-            Proposal::Tokens(d) => rows.extend_from_slice(&d[..s.draft]),
+            Proposal::Ngram { tokens, .. } => rows.extend_from_slice(&tokens[..s.draft]),
             // Placeholders: the draft model fills them in when the step runs.
             Proposal::Model { .. } => rows.extend(std::iter::repeat_n(rows[0], s.draft)),
             Proposal::None => {}
@@ -577,6 +589,10 @@ fn to_span(d: &Draft<'_>, s: &SlotSpan) -> BatchSpan {
         logprobs: ds.logprobs,
         forced: ds.forced,
         draft: s.draft,
+        draft_match: match &ds.draft {
+            Proposal::Ngram { matched, .. } if s.decode => *matched,
+            _ => 0,
+        },
         draft_history: match &ds.draft {
             Proposal::Model { history, .. } if s.decode && s.draft > 0 => Some(history.clone()),
             _ => None,

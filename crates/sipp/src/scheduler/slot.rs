@@ -293,11 +293,11 @@ impl Running {
         match spec.mode {
             SpeculativeMode::Off => Proposal::None,
             SpeculativeMode::Ngram => {
-                let d = ngram_draft(&history, spec.ngram_min, spec.ngram_max, n);
-                if d.is_empty() {
+                let (tokens, matched) = ngram_draft(&history, spec.ngram_min, spec.ngram_max, n);
+                if tokens.is_empty() {
                     Proposal::None
                 } else {
-                    Proposal::Tokens(d)
+                    Proposal::Ngram { tokens, matched }
                 }
             }
             SpeculativeMode::Draft => Proposal::Model { n, history },
@@ -311,8 +311,14 @@ pub enum Proposal {
     /// Nothing: one token this step.
     #[default]
     None,
-    /// Tokens drafted by n-gram lookup.
-    Tokens(Vec<Token>),
+    /// Tokens drafted by n-gram lookup, continuing a match of `matched`
+    /// tokens.
+    Ngram {
+        /// The drafted tokens.
+        tokens: Vec<Token>,
+        /// The match's length.
+        matched: usize,
+    },
     /// Up to `n` tokens, drafted by the draft model when the step runs, after
     /// the slot's tokens (`history`: its context and pending token).
     Model {
@@ -328,7 +334,7 @@ impl Proposal {
     pub fn len(&self) -> usize {
         match self {
             Proposal::None => 0,
-            Proposal::Tokens(t) => t.len(),
+            Proposal::Ngram { tokens, .. } => tokens.len(),
             Proposal::Model { n, .. } => *n,
         }
     }

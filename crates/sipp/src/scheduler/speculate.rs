@@ -14,17 +14,22 @@ use crate::runtime::Token;
 
 /// The most recent earlier occurrence of the history's last `ngram_min..=
 /// ngram_max` tokens (the longest match wins, then the most recent), and up
-/// to `n_max` tokens that followed it there. Empty when nothing matches.
+/// to `n_max` tokens that followed it there. A match close to the end of
+/// the history is a loop: its continuation runs into the end and goes on
+/// with the tokens it drafted itself (the loop repeating), so a short
+/// period still drafts `n_max` tokens. Returns the draft and the match's
+/// length (which predicts how much of the draft holds: see
+/// [`NgramAcceptance`]); empty and 0 when nothing matches.
 pub fn ngram_draft(
     history: &[Token],
     ngram_min: usize,
     ngram_max: usize,
     n_max: usize,
-) -> Vec<Token> {
+) -> (Vec<Token>, usize) {
     let len = history.len();
     let ngram_min = ngram_min.max(1);
     if n_max == 0 || len < ngram_min + 1 || ngram_max < ngram_min {
-        return Vec::new();
+        return (Vec::new(), 0);
     }
     let last = history[len - 1];
     let mut best: Option<(usize, usize)> = None; // (match length, end of match)
@@ -43,9 +48,78 @@ pub fn ngram_draft(
             }
         }
     }
-    match best {
-        Some((_, end)) => history[end + 1..len.min(end + 1 + n_max)].to_vec(),
-        None => Vec::new(),
+    let Some((matched, end)) = best else {
+        return (Vec::new(), 0);
+    };
+    let mut draft: Vec<Token> = Vec::with_capacity(n_max);
+    for i in 0..n_max {
+        let at = end + 1 + i;
+        draft.push(if at < len {
+            history[at]
+        } else {
+            draft[at - len]
+        });
+    }
+    (draft, matched)
+}
+
+/// How likely an n-gram draft's tokens are to be accepted, by the length of
+/// the match they continue. The longer the match, the surer the draft: on
+/// the grounded bench a 1-token match's tokens held 66% of the time, an 8-
+/// to 15-token match's 95%, a 32-token match's (a loop) 99.7%. Kept per
+/// power-of-two bucket of match lengths for the whole engine (a property of
+/// the model and its traffic more than of one request), as decaying counts
+/// of accepted tokens and rejections that start from a prior of
+/// `1 - 0.6 / length`. Counts also fade a little every step, so a bucket
+/// whose drafts stopped being verified drifts back to the prior and gets
+/// tried again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NgramAcceptance {
+    /// Per bucket: accepted tokens, rejections.
+    buckets: [(f64, f64); 8],
+}
+
+/// The prior's weight, in rejections-or-acceptances.
+const PRIOR_WEIGHT: f64 = 8.0;
+
+impl Default for NgramAcceptance {
+    fn default() -> Self {
+        Self {
+            buckets: [(0.0, 0.0); 8],
+        }
+    }
+}
+
+impl NgramAcceptance {
+    fn bucket(matched: usize) -> usize {
+        (usize::BITS - matched.max(1).leading_zeros() - 1).min(7) as usize
+    }
+
+    /// The chance that a token drafted from a match of `matched` tokens is
+    /// accepted, given the ones before it were.
+    pub fn estimate(&self, matched: usize) -> f64 {
+        let prior = 1.0 - 0.6 / matched.max(1) as f64;
+        let (hits, fails) = self.buckets[Self::bucket(matched)];
+        (hits + prior * PRIOR_WEIGHT) / (hits + fails + PRIOR_WEIGHT)
+    }
+
+    /// A draft from a match of `matched` tokens verified `drafted` tokens
+    /// and accepted `accepted` of them.
+    pub fn record(&mut self, matched: usize, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let (hits, fails) = &mut self.buckets[Self::bucket(matched)];
+        *hits = 0.99 * *hits + accepted as f64;
+        *fails = 0.99 * *fails + f64::from(u8::from(accepted < drafted));
+    }
+
+    /// One decode step went by.
+    pub fn tick(&mut self) {
+        for (hits, fails) in &mut self.buckets {
+            *hits *= 0.9995;
+            *fails *= 0.9995;
+        }
     }
 }
 
@@ -111,108 +185,165 @@ impl SpecState {
     }
 }
 
-/// The step's cost as a fixed part plus a part per batch row, estimated from
-/// the batches that ran: their ratio decides which drafted tokens are worth
-/// a row. On a CPU a row costs almost as much as the rest of a small step;
-/// on a GPU rows are nearly free.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RowCost {
-    /// A fixed ratio from the config (none: estimated).
+/// What a decode step costs by its number of rows, measured from the
+/// steps that ran (decode and sampling, every row with logits). The curve
+/// is not a line: on a CPU a one-row step runs a matrix-vector product
+/// while two rows already cost about twice as much, and from there each
+/// row adds less (measured here with SmolLM2-135M on 2 cores: 6, 12, 18,
+/// 30, 50 and 170 ms for 1, 2, 4, 8, 16 and 64 rows); on a GPU rows are
+/// nearly free. So the cost is kept per bucket of row counts and read by
+/// interpolation, and drafts are cut where tokens per cost peak, not where
+/// one more row stops paying for itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepCost {
+    /// A fixed ratio from the config (none: measured): a step costs
+    /// `ratio + rows` rows.
     fixed: Option<f64>,
-    /// Decaying means of rows, time, rows² and rows x time.
-    n: f64,
-    t: f64,
-    nn: f64,
-    nt: f64,
-    samples: u32,
+    /// Per bucket of [`BUCKETS`]: decaying means of rows and nanoseconds,
+    /// and how many steps fell in it.
+    buckets: Vec<(f64, f64, u32)>,
 }
 
-/// The ratio assumed until enough batches ran (a CPU-like cost).
-const PRIOR_RATIO: f64 = 1.0;
+/// The first row count of each bucket.
+const BUCKETS: [usize; 20] = [
+    1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 1025,
+];
 
-impl RowCost {
-    /// A cost model; `fixed` > 0 pins the ratio instead of measuring it.
+impl StepCost {
+    /// A cost model; `fixed` > 0 pins a step's fixed cost over a row's
+    /// instead of measuring.
     pub fn new(fixed: f32) -> Self {
         Self {
             fixed: (fixed > 0.0).then_some(f64::from(fixed)),
-            n: 0.0,
-            t: 0.0,
-            nn: 0.0,
-            nt: 0.0,
-            samples: 0,
+            buckets: vec![(0.0, 0.0, 0); BUCKETS.len()],
         }
     }
 
-    /// A batch of `rows` rows took `ns` nanoseconds (decode and sampling).
+    /// A decode step of `rows` rows took `ns` nanoseconds.
     pub fn observe(&mut self, rows: usize, ns: u64) {
-        let (n, t) = (rows as f64, ns as f64);
-        let w = if self.samples < 50 {
-            1.0 / f64::from(self.samples + 1)
+        if rows == 0 {
+            return;
+        }
+        let b = BUCKETS.partition_point(|&first| first <= rows) - 1;
+        let (r, t, n) = &mut self.buckets[b];
+        // The first steps set the mean; later ones move it by a tenth, so
+        // a cost that drifts (a growing KV cache) is followed.
+        let w = if *n < 10 {
+            1.0 / f64::from(*n + 1)
         } else {
-            0.02
+            0.1
         };
-        self.n += w * (n - self.n);
-        self.t += w * (t - self.t);
-        self.nn += w * (n * n - self.nn);
-        self.nt += w * (n * t - self.nt);
-        self.samples = self.samples.saturating_add(1);
+        *r += w * (rows as f64 - *r);
+        *t += w * (ns as f64 - *t);
+        *n = n.saturating_add(1);
     }
 
-    /// The fixed cost of a step over the cost of one more row.
-    pub fn ratio(&self) -> f64 {
-        if let Some(r) = self.fixed {
-            return r;
+    /// The cost curve as measured now, to read many times ([`Curve::cost`]).
+    pub fn curve(&self) -> Curve {
+        Curve {
+            fixed: self.fixed,
+            points: self
+                .buckets
+                .iter()
+                .filter(|b| b.2 > 0)
+                .map(|b| (b.0, b.1))
+                .collect(),
         }
-        let var = self.nn - self.n * self.n;
-        if self.samples < 16 || var < 0.25 {
-            return PRIOR_RATIO;
-        }
-        let per_row = (self.nt - self.n * self.t) / var;
-        let fixed = self.t - per_row * self.n;
-        if per_row <= 0.0 {
-            return 1000.0;
-        }
-        (fixed / per_row).clamp(0.05, 1000.0)
     }
 }
 
-/// How many tokens of each draft are worth their rows. A drafted token is
-/// kept while its chance of being used (the slot's acceptance to the power
-/// of its place in the draft) is above the step's tokens per row-cost: a row
-/// that yields less than the step's average only slows every slot down.
-/// `drafts` gives each slot's draft length, acceptance and whether it
-/// probes (keeps one token regardless); `tokens` and `rows` are what the
-/// step does without drafts.
+/// A step's cost by rows, as [`StepCost`] measured it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    fixed: Option<f64>,
+    /// (mean rows, mean nanoseconds) of each measured bucket, by rows.
+    points: Vec<(f64, f64)>,
+}
+
+impl Curve {
+    /// The estimated cost of a step of `rows` rows, in the unit of the
+    /// measurements (before any: one-row steps). Between measured buckets
+    /// it interpolates; past the largest it extends with the slope of the
+    /// last two measured buckets of two rows or more, never steeper than
+    /// half the largest bucket's cost per row. That bound is a CPU's (a row
+    /// costing half a small step) and it is optimistic elsewhere, so that
+    /// longer steps get tried and then measured.
+    pub fn cost(&self, rows: usize) -> f64 {
+        let x = rows as f64;
+        if let Some(ratio) = self.fixed {
+            return ratio + x;
+        }
+        let points = &self.points;
+        let Some(&(r_hi, t_hi)) = points.last() else {
+            return 1.0 + 0.5 * (x - 1.0).max(0.0);
+        };
+        let (r_lo, t_lo) = points[0];
+        if x <= r_lo {
+            return t_lo * x / r_lo;
+        }
+        if x <= r_hi {
+            let k = points.partition_point(|p| p.0 < x);
+            let (a, b) = (points[k - 1], points[k]);
+            return a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0).max(1e-9);
+        }
+        let bound = 0.5 * t_hi / r_hi;
+        let mut multi = points.iter().filter(|p| p.0 >= 2.0).rev();
+        let slope = match (multi.next(), multi.next()) {
+            (Some(b), Some(a)) => ((b.1 - a.1) / (b.0 - a.0).max(1e-9)).clamp(0.0, bound),
+            _ => bound,
+        };
+        t_hi + slope * (x - r_hi)
+    }
+}
+
+/// How many tokens of each draft to verify. A drafted token is used with
+/// the chance its slot's acceptance to the power of its place in the draft;
+/// the step keeps the drafted tokens most likely to be used, as many as
+/// make the step's expected tokens per cost highest (all or none of a run
+/// of tokens may pay where one alone would not: a CPU's second row is dear,
+/// its tenth cheap). `drafts` gives each slot's draft length, acceptance
+/// and whether it probes (keeps one token regardless); `rows` is the
+/// step's rows without drafts, each yielding a token.
 pub fn worth_keeping(
     drafts: &[(usize, f64, bool)],
-    tokens: f64,
-    rows: f64,
-    ratio: f64,
+    rows: usize,
+    cost: impl Fn(usize) -> f64,
 ) -> Vec<usize> {
     let mut keep: Vec<usize> = drafts
         .iter()
         .map(|&(len, _, probe)| usize::from(probe && len > 0))
         .collect();
-    let (mut tokens, mut rows) = (tokens, rows);
+    let mut tokens = rows as f64;
+    let mut rows = rows;
     for (k, &(_, a, _)) in drafts.iter().enumerate() {
         if keep[k] > 0 {
             tokens += a;
-            rows += 1.0;
+            rows += 1;
         }
     }
+    let base = keep.clone();
+    let mut order = Vec::new();
+    let mut best = (tokens / cost(rows).max(f64::MIN_POSITIVE), 0);
+    let mut next = keep.clone();
     loop {
-        // The next token of the draft most likely to pay.
-        let best = (0..drafts.len())
-            .filter(|&k| keep[k] < drafts[k].0)
-            .map(|k| (k, drafts[k].1.powi(keep[k] as i32 + 1)))
+        // The next token of the draft most likely to be used.
+        let pick = (0..drafts.len())
+            .filter(|&k| next[k] < drafts[k].0)
+            .map(|k| (k, drafts[k].1.powi(next[k] as i32 + 1)))
             .max_by(|x, y| x.1.total_cmp(&y.1));
-        let Some((k, p)) = best else { break };
-        if p <= tokens / (ratio + rows) {
-            break;
-        }
-        keep[k] += 1;
+        let Some((k, p)) = pick else { break };
+        next[k] += 1;
         tokens += p;
-        rows += 1.0;
+        rows += 1;
+        order.push(k);
+        let value = tokens / cost(rows).max(f64::MIN_POSITIVE);
+        if value > best.0 * (1.0 + 1e-9) {
+            best = (value, order.len());
+        }
+    }
+    keep = base;
+    for &k in &order[..best.1] {
+        keep[k] += 1;
     }
     keep
 }
@@ -226,22 +357,45 @@ mod tests {
     fn the_longest_then_most_recent_match_drafts_what_followed_it() {
         // "1 2 3 9 ... 2 3 7 ... 1 2 3": the 3-gram match wins over the later 2-gram.
         let h = [1, 2, 3, 9, 9, 5, 2, 3, 7, 7, 1, 2, 3];
-        assert_eq!(ngram_draft(&h, 1, 4, 2), vec![9, 9]);
+        assert_eq!(ngram_draft(&h, 1, 4, 2), (vec![9, 9], 3));
         // With 2-grams at most, the most recent "2 3" wins.
-        assert_eq!(ngram_draft(&h, 1, 2, 2), vec![7, 7]);
-        // The draft stops at the end of the history.
+        assert_eq!(ngram_draft(&h, 1, 2, 2), (vec![7, 7], 2));
+        // A match near the end is a loop: the draft goes on repeating it.
         let h = [4, 5, 6, 4, 5];
-        assert_eq!(ngram_draft(&h, 2, 3, 8), vec![6, 4, 5]);
+        assert_eq!(ngram_draft(&h, 2, 3, 8), (vec![6, 4, 5, 6, 4, 5, 6, 4], 2));
     }
 
     #[test]
     fn no_match_or_a_too_short_one_drafts_nothing() {
-        assert!(ngram_draft(&[1, 2, 3, 4], 1, 4, 8).is_empty());
-        assert!(ngram_draft(&[1, 2, 9, 2], 2, 4, 8).is_empty());
-        assert!(ngram_draft(&[], 1, 4, 8).is_empty());
-        assert!(ngram_draft(&[1, 1], 1, 4, 0).is_empty());
+        assert_eq!(ngram_draft(&[1, 2, 3, 4], 1, 4, 8), (vec![], 0));
+        assert_eq!(ngram_draft(&[1, 2, 9, 2], 2, 4, 8), (vec![], 0));
+        assert_eq!(ngram_draft(&[], 1, 4, 8), (vec![], 0));
+        assert_eq!(ngram_draft(&[1, 1], 1, 4, 0), (vec![], 0));
         // A repeated token drafts itself.
-        assert_eq!(ngram_draft(&[7, 7, 7], 1, 4, 3), vec![7]);
+        assert_eq!(ngram_draft(&[7, 7, 7], 1, 4, 3), (vec![7, 7, 7], 2));
+    }
+
+    #[test]
+    fn longer_matches_are_trusted_more_and_evidence_moves_and_fades() {
+        let mut a = NgramAcceptance::default();
+        assert!(a.estimate(1) < a.estimate(4) && a.estimate(4) < a.estimate(64));
+        assert!((a.estimate(2) - 0.7).abs() < 1e-9);
+        // Drafts from 2-token matches that hold: their bucket (2 and 3) rises.
+        for _ in 0..20 {
+            a.record(2, 8, 8);
+        }
+        assert!(a.estimate(3) > 0.95, "{}", a.estimate(3));
+        assert!((a.estimate(4) - (1.0 - 0.6 / 4.0)).abs() < 1e-9);
+        // Long matches that fail at once: their bucket falls.
+        for _ in 0..20 {
+            a.record(40, 16, 0);
+        }
+        assert!(a.estimate(40) < 0.4, "{}", a.estimate(40));
+        // Unverified for long, it drifts back toward the prior.
+        for _ in 0..20_000 {
+            a.tick();
+        }
+        assert!(a.estimate(40) > 0.95, "{}", a.estimate(40));
     }
 
     #[test]
@@ -263,60 +417,111 @@ mod tests {
         assert!(s.probe_due(1) && !s.probe_due(2));
     }
 
-    #[test]
-    fn the_row_cost_ratio_is_measured_from_batches() {
-        let mut c = RowCost::new(0.0);
-        assert_eq!(c.ratio(), PRIOR_RATIO);
-        // 5 ms fixed, 2 ms per row.
-        for i in 0..200 {
-            let rows = 1 + i % 9;
-            c.observe(rows, 5_000_000 + 2_000_000 * rows as u64);
+    /// A CPU-like curve: one row 6 ms, then 8 ms plus 2.6 ms a row.
+    fn cpu(rows: usize) -> u64 {
+        if rows == 1 {
+            6_000_000
+        } else {
+            8_000_000 + 2_600_000 * rows as u64
         }
-        assert!((c.ratio() - 2.5).abs() < 0.05, "{}", c.ratio());
-        assert_eq!(RowCost::new(7.0).ratio(), 7.0);
     }
 
     #[test]
-    fn drafts_are_kept_while_they_pay_for_their_rows() {
-        // Alone, rows as dear as the rest of the step: a token needs a chance
-        // above 1/2; a sure draft is kept whole, a poor one dropped.
-        assert_eq!(worth_keeping(&[(8, 0.99, false)], 1.0, 1.0, 1.0), vec![8]);
-        assert_eq!(worth_keeping(&[(8, 0.4, false)], 1.0, 1.0, 1.0), vec![0]);
-        let k = worth_keeping(&[(8, 0.8, false)], 1.0, 1.0, 1.0)[0];
-        assert!((1..8).contains(&k), "{k}");
-        // Eight slots decoding: the same draft must be far surer.
+    fn the_step_cost_is_measured_per_row_count() {
+        let mut c = StepCost::new(0.0);
+        // Before any step: a row costs half a one-row step.
+        assert_eq!((c.curve().cost(1), c.curve().cost(3)), (1.0, 2.0));
+        for _ in 0..20 {
+            c.observe(1, cpu(1));
+            c.observe(2, cpu(2));
+        }
+        assert_eq!(c.curve().cost(1), 6e6);
+        assert_eq!(c.curve().cost(2), cpu(2) as f64);
+        // Past what was measured: half the largest step's cost per row,
+        // not the dear second row's slope.
         assert_eq!(
-            worth_keeping(&[(8, 0.8, false); 8], 8.0, 8.0, 1.0),
-            vec![0; 8]
+            c.curve().cost(10),
+            cpu(2) as f64 + 8.0 * 0.5 * cpu(2) as f64 / 2.0
         );
+        for rows in [9, 17, 33, 65] {
+            for _ in 0..20 {
+                c.observe(rows, cpu(rows));
+            }
+        }
+        // Measured: interpolated between buckets.
+        for rows in [5, 12, 24, 40, 64] {
+            let want = cpu(rows) as f64;
+            assert!(
+                (c.curve().cost(rows) - want).abs() < 0.02 * want,
+                "{rows}: {}",
+                c.curve().cost(rows)
+            );
+        }
+        // Past them: rising, at most as steeply as measured last.
+        let (c65, c100) = (c.curve().cost(65), c.curve().cost(100));
+        assert!(c100 > c65 && c100 <= cpu(100) as f64, "{c100}");
+        // A measured cost that drifts is followed.
+        for _ in 0..60 {
+            c.observe(1, 3_000_000);
+        }
+        assert!(
+            (c.curve().cost(1) - 3e6).abs() < 1e4,
+            "{}",
+            c.curve().cost(1)
+        );
+        assert_eq!(StepCost::new(7.0).curve().cost(3), 10.0);
+    }
+
+    #[test]
+    fn drafts_are_kept_where_tokens_per_cost_peak() {
+        let mut c = StepCost::new(0.0);
+        for rows in [1, 2, 4, 8, 16, 32, 64, 128] {
+            for _ in 0..10 {
+                c.observe(rows, cpu(rows));
+            }
+        }
+        let curve = c.curve();
+        let cost = |r| curve.cost(r);
+        // Alone on a CPU: a sure draft is kept long, though its first row
+        // alone would not pay; a likely one shorter; a poor one not at all.
+        let sure = worth_keeping(&[(32, 0.99, false)], 1, cost)[0];
+        assert!(sure >= 16, "{sure}");
+        let likely = worth_keeping(&[(32, 0.9, false)], 1, cost)[0];
+        assert!((4..sure).contains(&likely), "{likely}");
+        assert_eq!(worth_keeping(&[(32, 0.5, false)], 1, cost), vec![0]);
+        // Eight slots decoding: rows are cheaper from the start, and every
+        // slot's likely tokens go in before anyone's unlikely ones.
+        let k = worth_keeping(&[(16, 0.95, false), (16, 0.6, false)], 8, cost);
+        assert!(k[0] > k[1], "{k:?}");
         // Cheap rows (a GPU): every likely token goes in.
-        assert_eq!(
-            worth_keeping(&[(8, 0.8, false); 8], 8.0, 8.0, 500.0),
-            vec![8; 8]
-        );
+        let gpu = |r: usize| 5.0 + 0.01 * r as f64;
+        assert_eq!(worth_keeping(&[(8, 0.8, false); 8], 8, gpu), vec![8; 8]);
         // A probe keeps one token; nothing to draft keeps none.
         assert_eq!(
-            worth_keeping(&[(8, 0.1, true), (0, 0.9, true)], 2.0, 2.0, 1.0),
+            worth_keeping(&[(8, 0.1, true), (0, 0.9, true)], 2, cost),
             vec![1, 0]
         );
     }
 
     proptest! {
-        /// A draft is always a stretch of the history that followed an earlier
-        /// occurrence of the history's last `ngram_min` tokens or more.
+        /// A draft is always what followed an earlier occurrence of the
+        /// history's last `ngram_min` tokens or more, in the history and then
+        /// (a loop) in the draft itself.
         #[test]
         fn a_draft_continues_an_earlier_match(
             h in proptest::collection::vec(0i32..4, 0..60),
             n_min in 1usize..4,
             n_max in 1usize..10,
         ) {
-            let d = ngram_draft(&h, n_min, 4, n_max);
-            prop_assert!(d.len() <= n_max);
+            let (d, matched) = ngram_draft(&h, n_min, 4, n_max);
+            prop_assert!(d.is_empty() || d.len() == n_max);
+            prop_assert!(d.is_empty() == (matched == 0) && matched <= 4);
             if !d.is_empty() {
+                let ext: Vec<i32> = h.iter().chain(&d).copied().collect();
                 let found = (0..h.len() - 1).any(|end| {
-                    end + 1 >= n_min
-                        && h[end + 1 - n_min..=end] == h[h.len() - n_min..]
-                        && h[end + 1..].starts_with(&d)
+                    end + 1 >= matched
+                        && h[end + 1 - matched..=end] == h[h.len() - matched..]
+                        && ext[end + 1..].starts_with(&d)
                 });
                 prop_assert!(found, "draft {:?} from {:?}", d, h);
             }

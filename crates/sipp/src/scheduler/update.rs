@@ -78,7 +78,8 @@ impl Scheduler {
             self.came_up_short(seq, n);
         }
         if let Some((rows, ns)) = out.timing {
-            self.row_cost.observe(rows, ns);
+            self.step_cost.observe(rows, ns);
+            self.ngram_acceptance.tick();
         }
         if let BatchOutcome::Ran(outcomes) = out.batch {
             self.rotation += 1;
@@ -185,6 +186,10 @@ impl Scheduler {
                 if let Task::Generate(g) = &r.task {
                     if span.kind == SpanKind::Decode && g.spec.speculative.is_on() {
                         r.spec.record(drafted, accepted);
+                        if span.draft_match > 0 {
+                            self.ngram_acceptance
+                                .record(span.draft_match, drafted, accepted);
+                        }
                     }
                 }
                 self.accept(slot, tokens, now, u);
