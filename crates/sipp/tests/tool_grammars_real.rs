@@ -194,3 +194,42 @@ fn a_schema_the_converter_refuses_is_a_clear_error_at_submission() {
         .expect_err("refused");
     assert!(err.to_string().contains("email"), "{err}");
 }
+
+/// A lazy grammar can break on its own trigger: the trigger "th" is found
+/// inside the token " the" (forced here by a bias), and the token's tail "e"
+/// replays into a grammar that wants "x" after "th". llama.cpp's grammar then
+/// holds no parse (and would abort on its next use): the request fails with
+/// a grammar error, alone, and the engine serves the next one.
+#[test]
+fn a_lazy_grammar_broken_by_its_trigger_token_fails_its_request_alone() {
+    use sipp::engine::EngineError;
+    use sipp::sampling::{BiasTarget, ComposedGrammar, LogitBias};
+    let e = common::engine_with(2, |_| {});
+    let constraint = OutputConstraint::Composed(ComposedGrammar {
+        gbnf: r#"root ::= "th" "x""#.into(),
+        schemas: Vec::new(),
+        triggers: vec!["th".into()],
+    });
+    let sampling = SamplingParams {
+        logit_bias: vec![LogitBias {
+            target: BiasTarget::Text(" the".into()),
+            bias: 100.0,
+        }],
+        ..SamplingParams::greedy()
+    };
+    let got = e
+        .generate(GenerateRequest {
+            max_tokens: Some(8),
+            constraint: Some(constraint),
+            sampling: Some(sampling),
+            ..GenerateRequest::new("Say something.")
+        })
+        .expect("submit")
+        .blocking_completion();
+    match got {
+        Err(EngineError::GrammarExhausted { .. }) => {}
+        other => panic!("expected a grammar error, got {other:?}"),
+    }
+    let next = common::run(&e, "Hello", 4);
+    assert!(!next.tokens.is_empty());
+}

@@ -1152,6 +1152,10 @@ pub struct LlamaSamplerState {
     /// `ignore_eos` adds): an argmax over the row, skipping the banned tokens
     /// (sorted), gives llama.cpp's greedy pick without building a candidate array.
     argmax_banning: Option<Vec<i32>>,
+    /// The grammar refused a token it was made to accept (llama.cpp then
+    /// holds no parse and would abort on its next use): the request fails
+    /// at its next sample instead.
+    grammar_broken: bool,
 }
 
 /// The first index of the largest value not banned (llama.cpp's greedy tie-break).
@@ -1361,6 +1365,7 @@ impl Backend for LlamaRuntime {
             chain,
             grammar,
             argmax_banning: self.greedy_bans(&plan),
+            grammar_broken: false,
         })
     }
 
@@ -1377,6 +1382,7 @@ impl Backend for LlamaRuntime {
         if let Some(g) = &mut sampler.grammar {
             g.reset();
         }
+        sampler.grammar_broken = false;
         Ok(())
     }
 
@@ -1393,6 +1399,9 @@ impl Backend for LlamaRuntime {
         row: usize,
         top_logprobs: Option<usize>,
     ) -> Result<Sampled, SampleError> {
+        if sampler.grammar_broken {
+            return Err(SampleError::GrammarExhausted);
+        }
         let token = match &mut sampler.grammar {
             None if sampler.argmax_banning.is_some() => argmax(
                 self.ctx.get_logits_ith(row as i32),
@@ -1453,7 +1462,12 @@ impl Backend for LlamaRuntime {
                 };
                 self.candidates = arr.data;
                 let tok = chosen.ok_or(SampleError::GrammarExhausted)?;
-                grammar.accept(tok);
+                // A lazy grammar lets any token through until its trigger
+                // appears, then replays the trigger's text, which can fail.
+                if grammar.try_accept(tok).is_err() {
+                    sampler.grammar_broken = true;
+                    return Err(SampleError::GrammarExhausted);
+                }
                 sampler.chain.accept(tok);
                 tok.0
             }
@@ -1472,7 +1486,9 @@ impl Backend for LlamaRuntime {
     ) -> Sampled {
         sampler.chain.accept(LlamaToken(token));
         if let Some(g) = &mut sampler.grammar {
-            g.accept(LlamaToken(token));
+            if g.try_accept(LlamaToken(token)).is_err() {
+                sampler.grammar_broken = true;
+            }
         }
         let logprobs = top_logprobs
             .map(|n| logprobs_from_logits(self.ctx.get_logits_ith(row as i32), token, n));
