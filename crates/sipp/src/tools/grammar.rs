@@ -129,9 +129,12 @@ fn json_calls(format: ToolFormat, tools: &[&Tool], parallel: bool) -> (String, V
         .collect::<Vec<_>>()
         .join(" | ");
     let (first, more) = match format {
+        // Whitespace around the call as the parser takes it: a lazy grammar
+        // replays the rest of the token that completed its trigger, which
+        // may be `>\n\n` or `>{` as well as `>\n`.
         ToolFormat::Hermes => (
-            r#"block ::= "<tool_call>\n" call "\n</tool_call>""#.to_string(),
-            r#"root ::= block ("\n" block){0,MORE}"#,
+            r#"block ::= "<tool_call>" ws call ws "</tool_call>""#.to_string(),
+            r#"root ::= block (ws block){0,MORE}"#,
         ),
         ToolFormat::Llama3 => (
             r#"block ::= "<|python_tag|>"? call"#.to_string(),
@@ -150,7 +153,7 @@ fn json_calls(format: ToolFormat, tools: &[&Tool], parallel: bool) -> (String, V
         more.replace("MORE", &(MAX_PARALLEL_CALLS - 1).to_string())
     } else {
         // One call: the repetition goes.
-        more.replace(r#" ("\n" block){0,MORE}"#, "")
+        more.replace(r#" (ws block){0,MORE}"#, "")
             .replace(r#" ("," ws block){0,MORE}"#, "")
     };
     let gbnf = format!("{root}\n{first}\ncall ::= {call}\n{WS}\n");
