@@ -24,17 +24,24 @@ fn fake() -> FakeConfig {
     }
 }
 
-fn engine(mode: SpeculativeMode, slots: u32) -> Engine {
+/// The engine's config for `slots` slots, with the speculative mode left at
+/// its default.
+fn config(slots: u32) -> NativeRuntimeConfig {
     let mut cfg = NativeRuntimeConfig::default();
     cfg.context.n_parallel = slots;
     cfg.context.n_batch = 128;
     cfg.context.n_ubatch = 128;
     cfg.cache.mode = CacheMode::SharedPrefix;
     cfg.cache.idle_sequences = 8 - slots;
-    cfg.speculative.mode = mode;
     cfg.speculative.n_max = 6;
     // Rows nearly free against a step (as on a GPU): every likely draft pays.
     cfg.speculative.row_cost_ratio = 100.0;
+    cfg
+}
+
+fn engine(mode: SpeculativeMode, slots: u32) -> Engine {
+    let mut cfg = config(slots);
+    cfg.speculative.mode = mode;
     Engine::start(FakeBackend::new(fake()), cfg)
 }
 
@@ -180,12 +187,7 @@ fn a_request_chooses_its_own_speculation_and_bad_values_are_refused() {
 
 #[test]
 fn ngram_is_the_default_and_repeatable_requests_draft_only_when_they_ask() {
-    let mut cfg = NativeRuntimeConfig::default();
-    cfg.context.n_parallel = 1;
-    cfg.context.n_batch = 128;
-    cfg.context.n_ubatch = 128;
-    cfg.speculative.row_cost_ratio = 100.0;
-    let e = Engine::start(FakeBackend::new(fake()), cfg);
+    let e = Engine::start(FakeBackend::new(fake()), config(1));
     let run = |r: GenerateRequest| {
         e.generate(r)
             .expect("submit")

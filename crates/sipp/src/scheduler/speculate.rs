@@ -1,6 +1,7 @@
 //! Speculative decoding's pure half: drafting tokens by n-gram lookup over a
-//! slot's own tokens (its prompt and what it generated), and the per-slot
-//! controller that decides how many to draft from how many were accepted.
+//! slot's own tokens (its prompt and what it generated), the estimates of
+//! how likely drafted tokens are accepted and what a step's rows cost, and
+//! the choice of how many drafted tokens a step verifies.
 //!
 //! A draft rides in the slot's decode span after its pending token; the
 //! executor samples every row in order and keeps a drafted token only while
@@ -321,7 +322,6 @@ pub fn worth_keeping(
             rows += 1;
         }
     }
-    let base = keep.clone();
     let mut order = Vec::new();
     let mut best = (tokens / cost(rows).max(f64::MIN_POSITIVE), 0);
     let mut next = keep.clone();
@@ -341,7 +341,6 @@ pub fn worth_keeping(
             best = (value, order.len());
         }
     }
-    keep = base;
     for &k in &order[..best.1] {
         keep[k] += 1;
     }
