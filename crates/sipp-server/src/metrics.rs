@@ -387,7 +387,7 @@ impl Collector for EngineCollector {
             G,
         )?;
         placement_gauges(&mut encoder, &snapshots)?;
-        let counters: [Series; 13] = [
+        let counters: [Series; 14] = [
             ("sipp_prompt_tokens", "Prompt tokens admitted", |m| {
                 m.prompt_tokens
             }),
@@ -411,6 +411,11 @@ impl Collector for EngineCollector {
                 "sipp_snapshot_restores",
                 "KV prefix snapshots restored",
                 |m| m.snapshot_restores,
+            ),
+            (
+                "sipp_kv_idle_parks",
+                "Idle KV prefixes parked in the snapshot store while others computed",
+                |m| m.idle_parks,
             ),
             ("sipp_engine_steps", "Engine steps that ran a batch", |m| {
                 m.steps

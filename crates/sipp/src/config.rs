@@ -321,6 +321,16 @@ pub struct CacheConfig {
     pub max_snapshot_entries: u32,
     /// Optional directory where evicted snapshots are spilled and looked up.
     pub snapshot_dir: Option<PathBuf>,
+    /// Park idle prefixes in the in-memory snapshot store while other
+    /// requests compute, instead of leaving them in the live KV cache: every
+    /// decoded row's attention walks the cache's whole used span, so idle
+    /// cells slow every step. A parked prefix comes back by a copy when a
+    /// prompt continues it. Needs in-memory snapshots. Default true.
+    pub park_idle: bool,
+    /// Fewest cells of its own (not shared with another sequence) an idle
+    /// sequence holds before it is parked: a few hundred idle cells barely
+    /// slow a step, and each park costs a copy. Default 128.
+    pub park_min_cells: u32,
 }
 
 impl Default for CacheConfig {
@@ -332,6 +342,8 @@ impl Default for CacheConfig {
             max_snapshot_bytes: 256 * 1024 * 1024,
             max_snapshot_entries: 64,
             snapshot_dir: None,
+            park_idle: true,
+            park_min_cells: 128,
         }
     }
 }

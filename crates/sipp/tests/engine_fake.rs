@@ -519,3 +519,108 @@ fn a_short_prompt_repeated_reuses_all_but_its_last_token() {
         .expect("completes");
     assert_eq!(other.usage.cached_tokens, 0);
 }
+
+/// Two prompts of 600+ tokens (the fake tokenizer is one token per byte)
+/// with nothing in common, so each holds more than `park_min_cells` (128)
+/// cells of its own.
+fn long_prompt(tag: char) -> String {
+    let mut p = format!("{tag}: ");
+    for i in 0..24 {
+        p.push_str(&format!("{tag}{i} item of a long passage. "));
+    }
+    assert!(p.len() > 2 * NativeRuntimeConfig::default().cache.park_min_cells as usize);
+    p
+}
+
+/// A short request and a long one at once, then a prompt continuing the
+/// short one's: (short, long, continued) completions and the metrics once
+/// the long one finished.
+fn park_scenario(
+    park_idle: bool,
+    key: Option<&str>,
+) -> (
+    sipp::engine::Completion,
+    sipp::engine::Completion,
+    sipp::engine::MetricsSnapshot,
+    sipp::engine::Completion,
+) {
+    let mut cfg = config(2, CacheMode::SharedPrefix);
+    cfg.cache.park_idle = park_idle;
+    let e = Engine::start(
+        FakeBackend::new(FakeConfig {
+            n_seq_max: 4,
+            n_batch: 64,
+            n_ubatch: 64,
+            ..FakeConfig::default()
+        }),
+        cfg,
+    );
+    let short = e
+        .generate(GenerateRequest {
+            context_key: key.map(str::to_string),
+            ..greedy(&long_prompt('A'), 4)
+        })
+        .expect("submit");
+    let long = e.generate(greedy(&long_prompt('B'), 160)).expect("submit");
+    let short = short.blocking_completion().expect("short");
+    let long = long.blocking_completion().expect("long");
+    // Metrics are published after each step; the release of the last
+    // request is in the last one.
+    let start = std::time::Instant::now();
+    while e.metrics().busy_slots > 0 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let m = e.metrics();
+    let continued = e
+        .generate(greedy(
+            &format!("{}{} And then?", long_prompt('A'), short.text),
+            8,
+        ))
+        .expect("submit")
+        .blocking_completion()
+        .expect("continued");
+    (short, long, m, continued)
+}
+
+#[test]
+fn idle_prefixes_are_parked_while_others_compute_and_come_back_by_a_copy() {
+    let (short, long, m, continued) = park_scenario(true, None);
+    // The short request's sequence left the live cache while the long one
+    // decoded; the long one's own stays live once nothing computes.
+    assert!(m.idle_parks >= 1, "{m:?}");
+    assert_eq!(
+        m.kv_cells_used as usize,
+        long.usage.prompt_tokens + 159,
+        "{m:?}"
+    );
+    // A prompt continuing the parked one gets it back from the store.
+    assert!(
+        continued.usage.cached_tokens >= short.usage.prompt_tokens,
+        "{:?}",
+        continued.usage
+    );
+    // The same requests on an engine that keeps idle prefixes live: same
+    // texts, same reuse, both prefixes resident.
+    let (short_live, long_live, m_live, continued_live) = park_scenario(false, None);
+    assert_eq!(m_live.idle_parks, 0);
+    assert_eq!(
+        m_live.kv_cells_used as usize,
+        long.usage.prompt_tokens + 159 + short.usage.prompt_tokens + 3
+    );
+    assert_eq!(
+        (&short.text, &long.text, &continued.text),
+        (&short_live.text, &long_live.text, &continued_live.text)
+    );
+    assert_eq!(
+        continued.usage.cached_tokens,
+        continued_live.usage.cached_tokens
+    );
+    assert!(m.snapshot_saves >= 1, "{m:?}");
+}
+
+#[test]
+fn a_session_pinned_prefix_is_never_parked() {
+    let (short, _, m, continued) = park_scenario(true, Some("pinned"));
+    assert_eq!(m.idle_parks, 0, "{m:?}");
+    assert!(continued.usage.cached_tokens >= short.usage.prompt_tokens);
+}

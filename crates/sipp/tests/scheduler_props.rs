@@ -217,6 +217,8 @@ fn harness(sc: &Scenario) -> Harness {
     cfg.cache.min_prefix_tokens = 4;
     cfg.cache.max_snapshot_bytes = 4096;
     cfg.cache.max_snapshot_entries = 4;
+    // Prompts here are short: park any idle prefix of 8 cells or more.
+    cfg.cache.park_min_cells = 8;
     cfg.speculative.mode = sc.speculative;
     cfg.speculative.n_max = 6;
     cfg.speculative.ngram_min = 1;

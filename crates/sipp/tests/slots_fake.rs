@@ -203,3 +203,85 @@ fn kv_computed_under_lora_adapters_is_not_saved() {
     e.save_kv(&KvHolder::Session("base".into()), &d.join("b.bin"))
         .expect("saved");
 }
+
+/// A prompt of `n` one-byte tokens starting with `tag`.
+fn passage(tag: char, n: usize) -> String {
+    let mut p = String::new();
+    let mut i = 0;
+    while p.len() < n {
+        p.push_str(&format!("{tag}{i} words of a passage. "));
+        i += 1;
+    }
+    p
+}
+
+#[test]
+fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
+    let d = dir("parked");
+    // Slot 0 serves a short request while slot 1 decodes a long one, so
+    // slot 0's KV is parked in the snapshot store before the save.
+    let run_pair = |e: &Engine| {
+        let a = e
+            .generate(GenerateRequest {
+                max_tokens: Some(4),
+                ignore_eos: true,
+                ..GenerateRequest::new(passage('A', 300)).greedy()
+            })
+            .expect("submit");
+        let b = e
+            .generate(GenerateRequest {
+                max_tokens: Some(160),
+                ignore_eos: true,
+                ..GenerateRequest::new(passage('B', 300)).greedy()
+            })
+            .expect("submit");
+        let a = a.blocking_completion().expect("a");
+        b.blocking_completion().expect("b");
+        a
+    };
+    let e = engine(2);
+    let a = run_pair(&e);
+    assert!(e.metrics().idle_parks >= 1, "{:?}", e.metrics());
+    let file = d.join("parked.bin");
+    let saved = e.save_kv(&KvHolder::Slot(0), &file).expect("save");
+    assert_eq!(saved.n_saved, a.usage.prompt_tokens + 3);
+    let fingerprint = &e.info().model.fingerprint;
+    let n_vocab = e.info().model.n_vocab;
+    let parked = read_slot_file(&file, fingerprint, n_vocab).expect("read back");
+
+    // The same pair on an engine that keeps idle prefixes live saves the
+    // same tokens and state.
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_parallel = 2;
+    cfg.context.n_batch = 64;
+    cfg.context.n_ubatch = 64;
+    cfg.cache.idle_sequences = 2;
+    cfg.cache.min_prefix_tokens = 8;
+    cfg.cache.park_idle = false;
+    let live = Engine::start(
+        FakeBackend::new(FakeConfig {
+            n_seq_max: 4,
+            n_batch: 64,
+            n_ubatch: 64,
+            ..FakeConfig::default()
+        }),
+        cfg,
+    );
+    run_pair(&live);
+    assert_eq!(live.metrics().idle_parks, 0);
+    let live_file = d.join("live.bin");
+    live.save_kv(&KvHolder::Slot(0), &live_file).expect("save");
+    let kept = read_slot_file(&live_file, fingerprint, n_vocab).expect("read back");
+    assert_eq!((&parked.tokens, &parked.state), (&kept.tokens, &kept.state));
+
+    // Erasing the parked slot drops its snapshot: nothing reuses it after.
+    assert_eq!(
+        e.erase_kv(&KvHolder::Slot(0)).expect("erase").n_erased,
+        saved.n_saved
+    );
+    assert_eq!(e.erase_kv(&KvHolder::Slot(0)).expect("erase").n_erased, 0);
+    let again = run(&e, &passage('A', 300), None);
+    assert_eq!(again.usage.cached_tokens, 0, "erased KV was reused");
+    assert_idle_invariants(&e);
+    let _ = std::fs::remove_dir_all(&d);
+}

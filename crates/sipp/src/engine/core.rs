@@ -310,6 +310,7 @@ impl<B: Backend> EngineCore<B> {
         m.prefix_reused_tokens.store(c.reused_tokens, Relaxed);
         m.snapshot_saves.store(c.snapshot_saves, Relaxed);
         m.snapshot_restores.store(c.snapshot_restores, Relaxed);
+        m.idle_parks.store(c.parks, Relaxed);
         m.snapshot_bytes_saved
             .store(c.snapshot_bytes_saved, Relaxed);
         m.snapshot_bytes_restored

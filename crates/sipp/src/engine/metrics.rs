@@ -64,6 +64,7 @@ pub struct EngineMetrics {
     pub(crate) prefix_reused_tokens: AtomicU64,
     pub(crate) snapshot_saves: AtomicU64,
     pub(crate) snapshot_restores: AtomicU64,
+    pub(crate) idle_parks: AtomicU64,
     pub(crate) snapshot_bytes_saved: AtomicU64,
     pub(crate) snapshot_bytes_restored: AtomicU64,
     pub(crate) snapshot_files_rejected: AtomicU64,
@@ -117,6 +118,9 @@ pub struct MetricsSnapshot {
     pub snapshot_saves: u64,
     /// Snapshots restored.
     pub snapshot_restores: u64,
+    /// Idle sequences parked in the snapshot store while others computed
+    /// (`[cache] park_idle`).
+    pub idle_parks: u64,
     /// Snapshot bytes saved.
     pub snapshot_bytes_saved: u64,
     /// Snapshot bytes restored.
@@ -184,6 +188,7 @@ impl EngineMetrics {
             prefix_reused_tokens: self.prefix_reused_tokens.load(Relaxed),
             snapshot_saves: self.snapshot_saves.load(Relaxed),
             snapshot_restores: self.snapshot_restores.load(Relaxed),
+            idle_parks: self.idle_parks.load(Relaxed),
             snapshot_bytes_saved: self.snapshot_bytes_saved.load(Relaxed),
             snapshot_bytes_restored: self.snapshot_bytes_restored.load(Relaxed),
             snapshot_files_rejected: self.snapshot_files_rejected.load(Relaxed),

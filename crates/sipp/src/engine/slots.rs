@@ -288,13 +288,14 @@ impl SlotSequences {
         let seq = self
             .sequences(holder, slots, kv)?
             .into_iter()
-            .filter(|&s| kv.resident_len(s) > 0)
-            .max_by_key(|&s| kv.resident_len(s))
+            .filter(|&s| kv.held_len(s) > 0)
+            .max_by_key(|&s| kv.held_len(s))
             .ok_or_else(|| SlotActionError::Empty(holder.to_string()))?;
         if kv.mirror().adapters_of(seq) != 0 {
             return Err(SlotActionError::Adapters(holder.to_string()));
         }
-        Ok(kv.save_sequence(backend, seq))
+        kv.save_sequence(backend, seq)
+            .ok_or_else(|| SlotActionError::Empty(holder.to_string()))
     }
 
     fn erase<B: Backend>(

@@ -16,7 +16,7 @@ use super::speculate::{worth_keeping, SpecState};
 use super::{Queued, Scheduler, SlotId};
 use crate::config::CacheMode;
 use crate::engine::{EngineError, PreparedKind};
-use crate::runtime::Token;
+use crate::runtime::{SeqId, Token};
 use crate::session::{plan_acquire, AcquireAsk, KvMirror, KvOp, KvSessions, ReusePolicy};
 
 /// A slot as the draft sees it.
@@ -120,6 +120,7 @@ impl Scheduler {
         if !others_running {
             self.resume_preempted(&mut d);
         }
+        self.park_idle(&mut d, kv);
         self.plan_batch(&mut d, kv.policy(), short_of_room);
         debug_assert!(
             {
@@ -270,6 +271,27 @@ impl Scheduler {
             d.op(KvOp::Evict { seq, snapshot });
         }
         d.op(KvOp::ClearAll);
+    }
+
+    /// Moves idle prefixes out of the live cache into the snapshot store
+    /// while this step computes (after admissions took what they reuse), so
+    /// their cells stop widening what every row attends over; a prompt that
+    /// continues one later gets it back by a copy. A parked sequence can
+    /// leave a prefix it shared with another idle one as that one's own, so
+    /// the sequences are looked at again until none is parked.
+    fn park_idle(&self, d: &mut Draft<'_>, kv: &KvSessions) {
+        let computing = d
+            .busy()
+            .any(|(_, s)| !s.tokens.preempted && s.tokens.prefix_wait.is_none() && !s.repeatable);
+        if !computing {
+            return;
+        }
+        loop {
+            let Some(seq) = (0..d.kv.n_seq() as SeqId).find(|&s| kv.worth_parking(&d.kv, s)) else {
+                return;
+            };
+            d.op(KvOp::Park { seq });
+        }
     }
 
     /// A longer prefix of this prompt that another slot is computing right now;

@@ -24,6 +24,14 @@ pub enum KvOp {
         /// Save its state as a prefix snapshot before clearing.
         snapshot: bool,
     },
+    /// Moves an idle sequence out of the live cache into the snapshot store
+    /// (a snapshot is saved, then the sequence is cleared), so its cells no
+    /// longer widen the span every decoded row attends over. The sequence's
+    /// slot still finds its tokens there (slot save and erase).
+    Park {
+        /// The sequence.
+        seq: SeqId,
+    },
     /// Leases a sequence (bumping its generation).
     Lease {
         /// The sequence.
@@ -352,7 +360,7 @@ impl KvMirror {
     /// tokens actually restored (the plan's `prefix` when planning).
     pub fn apply(&mut self, op: &KvOp) {
         match op {
-            KvOp::Evict { seq, .. } => {
+            KvOp::Evict { seq, .. } | KvOp::Park { seq } => {
                 self.drop_cells(*seq, 0);
                 self.seqs[*seq as usize].context_key = None;
             }

@@ -17,6 +17,7 @@ pub use slot_file::{read_slot_file, write_slot_file, RestoreError, SlotFile, Slo
 pub use snapshot::{SnapshotStore, SpillHeader};
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use crate::config::{CacheConfig, CacheMode};
 use crate::runtime::{Backend, SeqId, Token};
@@ -50,6 +51,8 @@ pub struct CacheStats {
     pub snapshot_files_rejected: u64,
     /// Idle sequences evicted.
     pub evictions: u64,
+    /// Idle sequences parked in the snapshot store while others computed.
+    pub parks: u64,
 }
 
 /// The KV sequences of one context: the mirror, the snapshots and counters.
@@ -59,6 +62,15 @@ pub struct KvSessions {
     policy: ReusePolicy,
     snapshots: SnapshotStore,
     stats: CacheStats,
+    /// `[cache] park_idle`.
+    park_idle: bool,
+    /// `[cache] park_min_cells`.
+    park_min_cells: u32,
+    /// Snapshot bytes per token, from the latest save (`None` before one).
+    bytes_per_token: Option<u64>,
+    /// The tokens of parked sequences, with the lease generation they were
+    /// parked under: valid while the sequence is neither leased nor refilled.
+    parked: HashMap<SeqId, (u64, Vec<Token>)>,
 }
 
 impl KvSessions {
@@ -84,7 +96,45 @@ impl KvSessions {
             },
             snapshots,
             stats,
+            park_idle: cache.park_idle,
+            park_min_cells: cache.park_min_cells.max(1),
+            bytes_per_token: None,
+            parked: HashMap::new(),
         }
+    }
+
+    /// Whether to park the idle sequence `seq` of `m` (the plan's copy of the
+    /// mirror) now: the cache keeps snapshots in memory, the sequence holds
+    /// at least `park_min_cells` cells no other sequence shares, it is no
+    /// session's (a `context_key` pins it to the live cache) and holds no
+    /// LoRA-computed KV (never snapshotted), and its snapshot would take at
+    /// most a quarter of the store, so parking never flushes the store for
+    /// one prefix.
+    pub fn worth_parking(&self, m: &KvMirror, seq: SeqId) -> bool {
+        let budget = self.snapshots.memory_budget();
+        let e = &m.seqs[seq as usize];
+        self.park_idle
+            && self.policy.snapshots
+            && self.policy.mode == CacheMode::SharedPrefix
+            && budget > 0
+            && !e.leased
+            && e.context_key.is_none()
+            && e.adapters == 0
+            && e.resident.len() >= self.policy.min_prefix
+            && m.freed_by_truncating(seq, 0) >= self.park_min_cells
+            && self
+                .bytes_per_token
+                .is_none_or(|b| b.saturating_mul(e.resident.len() as u64) <= budget / 4)
+    }
+
+    /// The tokens a parked sequence held, while it is still the same idle
+    /// sequence (not leased since, nothing put back into it).
+    pub fn parked_tokens(&self, seq: SeqId) -> Option<&[Token]> {
+        let (generation, tokens) = self.parked.get(&seq)?;
+        (*generation == self.mirror.seqs[seq as usize].lease_generation
+            && !self.mirror.is_leased(seq)
+            && self.mirror.resident_len(seq) == 0)
+            .then_some(tokens.as_slice())
     }
 
     /// The mirror (plans work on a copy of it).
@@ -187,7 +237,20 @@ impl KvSessions {
                     self.stats.evictions += 1;
                 }
             }
-            KvOp::Lease { .. } => {}
+            KvOp::Park { seq } => {
+                let seq = *seq;
+                let tokens = self.mirror.resident_tokens(seq);
+                if !tokens.is_empty() {
+                    self.save_snapshot(kv, seq, true);
+                    kv.kv_truncate(seq, 0);
+                    self.stats.parks += 1;
+                    let generation = self.mirror.seqs[seq as usize].lease_generation;
+                    self.parked.insert(seq, (generation, tokens));
+                }
+            }
+            KvOp::Lease { seq, .. } => {
+                self.parked.remove(seq);
+            }
             KvOp::Truncate { seq, from } => {
                 if self.mirror.resident_len(*seq) > *from {
                     kv.kv_truncate(*seq, *from as u32);
@@ -252,6 +315,7 @@ impl KvSessions {
             return;
         }
         let state = kv.seq_state_save(seq);
+        self.bytes_per_token = Some(state.len() as u64 / tokens.len() as u64);
         self.stats.snapshot_saves += 1;
         self.stats.snapshot_bytes_saved += state.len() as u64;
         self.snapshots.insert(tokens, state, &mut self.stats);

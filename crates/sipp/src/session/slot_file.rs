@@ -186,14 +186,34 @@ impl KvSessions {
             .or_else(|| idle().min_by_key(|&s| m.seqs[s as usize].eviction_rank()))
     }
 
-    /// An idle sequence's tokens and KV state.
-    pub fn save_sequence<B: Backend>(&mut self, kv: &mut B, seq: SeqId) -> (Vec<Token>, Vec<u8>) {
-        (self.mirror.resident_tokens(seq), kv.seq_state_save(seq))
+    /// How many tokens an idle sequence holds, in the live cache or parked.
+    pub fn held_len(&self, seq: SeqId) -> usize {
+        self.parked_tokens(seq)
+            .map_or_else(|| self.mirror.resident_len(seq), <[Token]>::len)
+    }
+
+    /// An idle sequence's tokens and KV state, from the live cache or, for
+    /// a parked sequence, from its snapshot (`None` when the store has
+    /// dropped it since).
+    pub fn save_sequence<B: Backend>(
+        &mut self,
+        kv: &mut B,
+        seq: SeqId,
+    ) -> Option<(Vec<Token>, Vec<u8>)> {
+        match self.parked_tokens(seq).map(<[Token]>::to_vec) {
+            Some(tokens) => self.snapshots.take_exact(&tokens, &mut self.stats),
+            None => Some((self.mirror.resident_tokens(seq), kv.seq_state_save(seq))),
+        }
     }
 
     /// Clears an idle sequence (no snapshot: an erased slot keeps nothing for
     /// later requests) and forgets its context key. Returns the tokens it held.
     pub fn erase_sequence<B: Backend>(&mut self, kv: &mut B, seq: SeqId) -> usize {
+        if let Some(tokens) = self.parked_tokens(seq).map(<[Token]>::to_vec) {
+            self.snapshots.forget(&tokens);
+            self.parked.remove(&seq);
+            return tokens.len();
+        }
         let n = self.mirror.resident_len(seq);
         self.apply(
             kv,
@@ -217,7 +237,11 @@ impl KvSessions {
         state: &[u8],
         context_key: Option<&str>,
     ) -> Result<(), RestoreError> {
-        self.erase_sequence(kv, seq);
+        // What the sequence held goes; a parked prefix stays in the store
+        // as a plain snapshot (the sequence may be another slot's).
+        if self.parked.remove(&seq).is_none() {
+            self.erase_sequence(kv, seq);
+        }
         let need = tokens.len() as u32;
         while self.mirror.cells_free() < need {
             let Some(victim) = self.mirror.eviction_victim(&[seq]) else {

@@ -288,6 +288,37 @@ impl SnapshotStore {
         (self.max_bytes > 0 && self.max_entries > 0) || self.spill_dir.is_some()
     }
 
+    /// Bytes the in-memory store may hold (0: none; a spill directory alone
+    /// writes every snapshot to disk).
+    pub fn memory_budget(&self) -> u64 {
+        if self.max_entries > 0 {
+            self.max_bytes
+        } else {
+            0
+        }
+    }
+
+    /// Drops the snapshots of exactly these tokens, in memory and spilled.
+    pub fn forget(&mut self, tokens: &[Token]) {
+        let mut freed = 0;
+        self.entries.retain(|e| {
+            let drop = e.tokens == tokens;
+            if drop {
+                freed += e.state.len() as u64;
+            }
+            !drop
+        });
+        self.bytes -= freed;
+        let writer = &self.writer;
+        self.spilled.retain(|s| {
+            let drop = s.tokens == tokens;
+            if let (true, Some(w)) = (drop, writer) {
+                w.send(SpillJob::Remove(s.path.clone()));
+            }
+            !drop
+        });
+    }
+
     /// Entries and bytes in memory.
     pub fn usage(&self) -> (usize, u64) {
         (self.entries.len(), self.bytes)
@@ -387,6 +418,26 @@ impl SnapshotStore {
         stats: &mut CacheStats,
     ) -> Option<(Vec<Token>, Vec<u8>)> {
         let (i, _) = self.best_match(prompt)?;
+        self.take_at(i, stats)
+    }
+
+    /// Takes the snapshot of exactly these tokens, if one is kept.
+    pub fn take_exact(
+        &mut self,
+        tokens: &[Token],
+        stats: &mut CacheStats,
+    ) -> Option<(Vec<Token>, Vec<u8>)> {
+        let i = self
+            .entries
+            .iter()
+            .map(|e| &e.tokens)
+            .chain(self.spilled.iter().map(|s| &s.tokens))
+            .position(|t| t == tokens)?;
+        self.take_at(i, stats)
+    }
+
+    /// Entry `i` of the in-memory entries followed by the spilled ones.
+    fn take_at(&mut self, i: usize, stats: &mut CacheStats) -> Option<(Vec<Token>, Vec<u8>)> {
         self.tick += 1;
         if i < self.entries.len() {
             let e = &mut self.entries[i];
