@@ -294,6 +294,21 @@ impl KvMirror {
             .count() as u32
     }
 
+    /// Whether `seq` holds at least `n` cells no other sequence shares. Cells
+    /// are shared by prefix (a share copies a prefix), so the cells a
+    /// sequence holds alone are a suffix of it: counted from the end, this
+    /// stops at the first shared cell or at `n`, not walking the sequence.
+    pub fn holds_own_cells(&self, seq: SeqId, n: u32) -> bool {
+        let own = self.seqs[seq as usize]
+            .resident
+            .iter()
+            .rev()
+            .take(n as usize)
+            .take_while(|(_, c)| self.cell_refs.get(c) == Some(&1))
+            .count();
+        own >= n as usize
+    }
+
     fn touch(&mut self, seq: SeqId) {
         self.tick += 1;
         self.seqs[seq as usize].last_used = self.tick;
@@ -439,6 +454,34 @@ mod tests {
             snapshot: false,
         });
         assert_eq!(m.cells_used(), 0);
+    }
+
+    #[test]
+    fn a_sequences_own_cells_are_the_suffix_after_what_others_share() {
+        let mut m = KvMirror::new(3, 100);
+        m.record(0, &[1, 2, 3, 4, 5, 6]);
+        m.apply(&KvOp::Share {
+            src: 0,
+            dst: 1,
+            len: 4,
+        });
+        m.record(1, &[7, 8, 9]);
+        m.apply(&KvOp::Share {
+            src: 1,
+            dst: 2,
+            len: 6,
+        });
+        // Seq 0: 4 shared, 2 own; seq 1: 6 shared (4 three ways), 1 own.
+        for (seq, own) in [(0, 2), (1, 1), (2, 0)] {
+            assert_eq!(m.freed_by_truncating(seq, 0), own);
+            assert!(m.holds_own_cells(seq, own));
+            assert!(!m.holds_own_cells(seq, own + 1), "seq {seq}");
+        }
+        // Once its sharers go, the whole sequence is its own.
+        m.apply(&KvOp::Truncate { seq: 1, from: 0 });
+        m.apply(&KvOp::Truncate { seq: 2, from: 0 });
+        assert!(m.holds_own_cells(0, 6));
+        assert!(!m.holds_own_cells(0, 7));
     }
 
     #[test]

@@ -121,10 +121,10 @@ impl KvSessions {
             && e.context_key.is_none()
             && e.adapters == 0
             && e.resident.len() >= self.policy.min_prefix
-            && m.freed_by_truncating(seq, 0) >= self.park_min_cells
             && self
                 .bytes_per_token
                 .is_none_or(|b| b.saturating_mul(e.resident.len() as u64) <= budget / 4)
+            && m.holds_own_cells(seq, self.park_min_cells)
     }
 
     /// The tokens a parked sequence held, while it is still the same idle
