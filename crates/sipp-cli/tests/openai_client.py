@@ -5,6 +5,7 @@ Exits non-zero (with a message) on the first failed expectation.
 """
 import json
 import sys
+import urllib.request
 
 import openai
 
@@ -58,12 +59,42 @@ assert "Paris" in c.choices[0].text, c
 assert c.usage.completion_tokens == 8 and c.usage.prompt_tokens > 0, c.usage
 assert c.choices[0].finish_reason == "length"
 
-# Completions, streamed.
-text = ""
+# llama-server's `timings` ride along: what the prompt and the generation cost.
+t = c.model_extra["timings"]
+assert t["predicted_n"] == 8 and t["prompt_n"] + t["cache_n"] == c.usage.prompt_tokens, t
+assert t["cache_n"] == 0 and t["prompt_ms"] > 0 and t["predicted_ms"] > 0, t
+assert "draft_n" not in t, t  # nothing drafted
+
+# Completions, streamed: the last chunk of the choice carries its timings.
+text, last = "", None
 for chunk in client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0, stream=True, extra_body=fresh):
     if chunk.choices:
         text += chunk.choices[0].text
+        if chunk.choices[0].finish_reason:
+            last = chunk
 assert text == c.choices[0].text, (text, c.choices[0].text)
+assert last is not None and last.model_extra["timings"]["predicted_n"] == 8, last
+
+
+def draft_counters():
+    req = urllib.request.Request(base + "/metrics", headers={"Authorization": "Bearer " + key})
+    body = urllib.request.urlopen(req, timeout=10).read().decode()
+    def total(name):
+        return sum(float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(name + "{") and 'model="smol"' in l)
+    return total("sipp_draft_tokens_total"), total("sipp_draft_accepted_tokens_total")
+
+
+# With n-gram drafts on a prompt that repeats itself, the timings report
+# exactly the drafts the engine counted for this request (drafting itself is
+# adaptive: the engine drafts only where it expects drafts to pay).
+before = draft_counters()
+counted = client.completions.create(model="smol", prompt="1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,", max_tokens=48,
+                                    temperature=0, extra_body={"ignore_eos": True, "speculative": {"mode": "ngram"}})
+after = draft_counters()
+t = counted.model_extra["timings"]
+drafted, accepted = after[0] - before[0], after[1] - before[1]
+assert (t.get("draft_n", 0), t.get("draft_n_accepted", 0)) == (drafted, accepted), (t, drafted, accepted)
+assert accepted <= drafted and t["predicted_n"] == 48, t
 
 # Chat. Both runs compute the prompt afresh, so the streamed one gives the same text.
 messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the capital of France?"}]

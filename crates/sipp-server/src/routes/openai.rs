@@ -66,6 +66,15 @@ fn usage_body(choices: impl IntoIterator<Item = (usize, Usage)>, n: usize) -> Us
     total.into()
 }
 
+/// llama-server's `timings` of a non-streamed answer: its one choice's (it
+/// has no `n`; several choices carry none).
+fn one_timings(completions: &[Completion]) -> Option<Timings> {
+    match completions {
+        [c] => Some(Timings::from(&c.stats)),
+        _ => None,
+    }
+}
+
 /// The usage of a streamed response's choices as they finish, for the usage
 /// chunk `stream_options.include_usage` asks for at the end.
 #[derive(Clone, Default)]
@@ -288,6 +297,7 @@ pub async fn completions(
                 finish_reason: finish,
             }],
             usage: None,
+            timings: None,
         };
         let vocab = engine.vocab().clone();
         let st = state.clone();
@@ -323,7 +333,9 @@ pub async fn completions(
                         echoed[i] = true;
                         echoes[i / n].clone()
                     };
-                    vec![json_event(&chunk(i, text, None, Some(reason)))]
+                    let mut last = chunk(i, text, None, Some(reason));
+                    last.timings = Some(Timings::from(&c.stats));
+                    vec![json_event(&last)]
                 }
                 StreamItem::Failed(_, e) => vec![json_event(&e.body())],
             }
@@ -336,6 +348,7 @@ pub async fn completions(
                 model: model_tail,
                 choices: Vec::new(),
                 usage: Some(usage.body(n)),
+                timings: None,
             }))
         };
         return Ok(sse(handles, render, tail).into_response());
@@ -372,6 +385,7 @@ pub async fn completions(
             completions.iter().map(|c| c.usage).enumerate(),
             n,
         )),
+        timings: one_timings(&completions),
     })
     .into_response())
 }
@@ -590,6 +604,7 @@ pub async fn chat_completions(
                     finish_reason: finish,
                 }],
                 usage: None,
+                timings: None,
             }
         };
         let st = state.clone();
@@ -636,12 +651,9 @@ pub async fn chat_completions(
                         out.push(json_event(&chunk(i, delta, None, None)));
                     }
                     let reason = chat_finish_reason(c.finish_reason, parsers[i].output());
-                    out.push(json_event(&chunk(
-                        i,
-                        ResponseMessage::default(),
-                        None,
-                        Some(reason),
-                    )));
+                    let mut last = chunk(i, ResponseMessage::default(), None, Some(reason));
+                    last.timings = Some(Timings::from(&c.stats));
+                    out.push(json_event(&last));
                 }
                 StreamItem::Failed(_, e) => out.push(json_event(&e.body())),
             }
@@ -655,6 +667,7 @@ pub async fn chat_completions(
                 model: model2,
                 choices: Vec::new(),
                 usage: Some(usage.body(n)),
+                timings: None,
             }))
         };
         return Ok(sse(handles, render, tail).into_response());
@@ -687,6 +700,7 @@ pub async fn chat_completions(
             completions.iter().map(|c| c.usage).enumerate(),
             n,
         )),
+        timings: one_timings(&completions),
     })
     .into_response())
 }

@@ -240,6 +240,7 @@ pub async fn completions(
                     }]
                 },
                 usage,
+                timings: None,
             }
         }
     };
@@ -323,6 +324,7 @@ pub async fn chat_completions(
                 model: model.clone(),
                 choices: choice.into_iter().collect(),
                 usage,
+                timings: None,
             }
         }
     };

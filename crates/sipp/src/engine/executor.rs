@@ -62,7 +62,10 @@ impl<B: Backend> Executor<B> {
 
     /// Carries out a plan.
     pub fn run(&mut self, kv: &mut KvSessions, plan: &StepPlan) -> StepOutput {
-        let mut out = StepOutput::default();
+        let mut out = StepOutput {
+            started: Some(std::time::Instant::now()),
+            ..StepOutput::default()
+        };
         for op in &plan.kv_ops {
             let got = kv.apply(&mut self.backend, op);
             let (seq, want) = match op {

@@ -356,6 +356,60 @@ impl From<crate::engine::Usage> for UsageBody {
     }
 }
 
+/// llama-server's `timings` (its extension of OpenAI's bodies), on a
+/// non-streamed answer with one choice and on each choice's last chunk of a
+/// stream: what the prompt and the generation cost, and, when the request
+/// drafted (speculative decoding), how many tokens were drafted and accepted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Prompt tokens reused from the cache.
+    pub cache_n: usize,
+    /// Prompt tokens computed.
+    pub prompt_n: usize,
+    /// Milliseconds computing them.
+    pub prompt_ms: f64,
+    /// Milliseconds per computed prompt token.
+    pub prompt_per_token_ms: f64,
+    /// Computed prompt tokens per second.
+    pub prompt_per_second: f64,
+    /// Tokens generated.
+    pub predicted_n: usize,
+    /// Milliseconds from the first generated token to the last.
+    pub predicted_ms: f64,
+    /// Milliseconds per generated token after the first.
+    pub predicted_per_token_ms: f64,
+    /// Generated tokens per second after the first.
+    pub predicted_per_second: f64,
+    /// Tokens drafted by speculative decoding (absent when none were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_n: Option<usize>,
+    /// Of them, tokens accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_n_accepted: Option<usize>,
+}
+
+impl From<&crate::engine::RequestStats> for Timings {
+    fn from(s: &crate::engine::RequestStats) -> Self {
+        let prompt_n = s.prompt_tokens.saturating_sub(s.cached_tokens);
+        let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+        let decoded = s.generated_tokens.saturating_sub(1);
+        let drafted = (s.drafted_tokens > 0).then_some(s.drafted_tokens);
+        Self {
+            cache_n: s.cached_tokens,
+            prompt_n,
+            prompt_ms: s.prefill_ms,
+            prompt_per_token_ms: per(s.prefill_ms, prompt_n),
+            prompt_per_second: s.prompt_tokens_per_second(),
+            predicted_n: s.generated_tokens,
+            predicted_ms: s.decode_ms,
+            predicted_per_token_ms: per(s.decode_ms, decoded),
+            predicted_per_second: s.decode_tokens_per_second(),
+            draft_n: drafted,
+            draft_n_accepted: drafted.map(|_| s.accepted_tokens),
+        }
+    }
+}
+
 /// `usage.prompt_tokens_details`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromptTokensDetails {
@@ -406,6 +460,9 @@ pub struct CompletionResponse {
     /// Usage (final response or last chunk).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageBody>,
+    /// llama-server's timings (see [`Timings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// llama-server's names for the reasoning formats.
@@ -546,6 +603,9 @@ pub struct ChatCompletionResponse {
     /// Usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageBody>,
+    /// llama-server's timings (see [`Timings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// `input` of an embedding request.

@@ -262,6 +262,10 @@ pub struct StepOutput {
     pub batch: BatchOutcome,
     /// Rows run and the time they took (decode and sampling), in ns.
     pub timing: Option<(usize, u64)>,
+    /// When the executor began the step: the step's admissions count from
+    /// here, so a prompt computed within its admission step still shows
+    /// the time it took (`None`: from the update).
+    pub started: Option<std::time::Instant>,
 }
 
 /// A freed slot's KV and sampler, for the executor to release.

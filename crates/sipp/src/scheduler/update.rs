@@ -37,11 +37,12 @@ impl Scheduler {
     pub fn update(&mut self, plan: &StepPlan, out: StepOutput) -> Updated {
         let mut u = Updated::default();
         let now = Instant::now();
+        let started = out.started.unwrap_or(now);
         // The plan resumed what a freed slot made room for; slots freed from
         // here on make the next plan resume again.
         self.resume_due = false;
         for a in &plan.admissions {
-            self.apply_admission(a, now, &mut u);
+            self.apply_admission(a, started, &mut u);
         }
         for (slot, e) in out.sampler_failures {
             self.fail(slot, e, &mut u);
