@@ -23,9 +23,12 @@ fn config(slots: u32, mode: CacheMode) -> NativeRuntimeConfig {
 }
 
 fn engine(slots: u32, mode: CacheMode, fake: FakeConfig) -> Engine {
-    let cfg = config(slots, mode);
+    engine_with(config(slots, mode), fake)
+}
+
+fn engine_with(cfg: NativeRuntimeConfig, fake: FakeConfig) -> Engine {
     let fake = FakeConfig {
-        n_seq_max: slots + cfg.cache.idle_sequences,
+        n_seq_max: cfg.context.n_parallel + cfg.cache.idle_sequences,
         n_batch: 64,
         n_ubatch: 64,
         ..fake
@@ -546,15 +549,7 @@ fn park_scenario(
 ) {
     let mut cfg = config(2, CacheMode::SharedPrefix);
     cfg.cache.park_idle = park_idle;
-    let e = Engine::start(
-        FakeBackend::new(FakeConfig {
-            n_seq_max: 4,
-            n_batch: 64,
-            n_ubatch: 64,
-            ..FakeConfig::default()
-        }),
-        cfg,
-    );
+    let e = engine_with(cfg, FakeConfig::default());
     let short = e
         .generate(GenerateRequest {
             context_key: key.map(str::to_string),

@@ -251,22 +251,7 @@ fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
 
     // The same pair on an engine that keeps idle prefixes live saves the
     // same tokens and state.
-    let mut cfg = NativeRuntimeConfig::default();
-    cfg.context.n_parallel = 2;
-    cfg.context.n_batch = 64;
-    cfg.context.n_ubatch = 64;
-    cfg.cache.idle_sequences = 2;
-    cfg.cache.min_prefix_tokens = 8;
-    cfg.cache.park_idle = false;
-    let live = Engine::start(
-        FakeBackend::new(FakeConfig {
-            n_seq_max: 4,
-            n_batch: 64,
-            n_ubatch: 64,
-            ..FakeConfig::default()
-        }),
-        cfg,
-    );
+    let live = common::fake_engine_with(2, |c| c.cache.park_idle = false);
     run_pair(&live);
     assert_eq!(live.metrics().idle_parks, 0);
     let live_file = d.join("live.bin");

@@ -300,9 +300,15 @@ impl SnapshotStore {
 
     /// Drops the snapshots of exactly these tokens, in memory and spilled.
     pub fn forget(&mut self, tokens: &[Token]) {
+        self.drop_where(|t| t == tokens);
+    }
+
+    /// Drops every snapshot whose tokens match, in memory and spilled (its
+    /// file removed by the writer).
+    fn drop_where(&mut self, matches: impl Fn(&[Token]) -> bool) {
         let mut freed = 0;
         self.entries.retain(|e| {
-            let drop = e.tokens == tokens;
+            let drop = matches(&e.tokens);
             if drop {
                 freed += e.state.len() as u64;
             }
@@ -311,7 +317,7 @@ impl SnapshotStore {
         self.bytes -= freed;
         let writer = &self.writer;
         self.spilled.retain(|s| {
-            let drop = s.tokens == tokens;
+            let drop = matches(&s.tokens);
             if let (true, Some(w)) = (drop, writer) {
                 w.send(SpillJob::Remove(s.path.clone()));
             }
@@ -337,24 +343,7 @@ impl SnapshotStore {
     /// (spilling the least recently used when a directory is configured).
     pub fn insert(&mut self, tokens: Vec<Token>, state: Vec<u8>, stats: &mut CacheStats) {
         self.tick += 1;
-        let superseded = |t: &Vec<Token>| t.len() <= tokens.len() && tokens[..t.len()] == **t;
-        let mut freed = 0;
-        self.entries.retain(|e| {
-            let drop = superseded(&e.tokens);
-            if drop {
-                freed += e.state.len() as u64;
-            }
-            !drop
-        });
-        self.bytes -= freed;
-        let writer = &self.writer;
-        self.spilled.retain(|s| {
-            let drop = superseded(&s.tokens);
-            if let (true, Some(w)) = (drop, writer) {
-                w.send(SpillJob::Remove(s.path.clone()));
-            }
-            !drop
-        });
+        self.drop_where(|t| t.len() <= tokens.len() && tokens[..t.len()] == *t);
         self.bytes += state.len() as u64;
         self.entries.push(Snapshot {
             tokens,

@@ -140,6 +140,11 @@ pub fn manifest_dir() -> std::path::PathBuf {
 /// An engine on the fake backend: `slots` slots, 64-token steps, shared
 /// prefixes (8 tokens or more) and two idle sequences kept.
 pub fn fake_engine(slots: u32) -> Engine {
+    fake_engine_with(slots, |_| {})
+}
+
+/// The same, with the config changed by `tweak` first.
+pub fn fake_engine_with(slots: u32, tweak: impl FnOnce(&mut NativeRuntimeConfig)) -> Engine {
     use sipp::runtime::fake::{FakeBackend, FakeConfig};
     let mut cfg = NativeRuntimeConfig::default();
     cfg.context.n_parallel = slots;
@@ -148,8 +153,9 @@ pub fn fake_engine(slots: u32) -> Engine {
     cfg.cache.mode = sipp::config::CacheMode::SharedPrefix;
     cfg.cache.idle_sequences = 2;
     cfg.cache.min_prefix_tokens = 8;
+    tweak(&mut cfg);
     let fake = FakeConfig {
-        n_seq_max: slots + 2,
+        n_seq_max: slots + cfg.cache.idle_sequences,
         n_batch: 64,
         n_ubatch: 64,
         ..FakeConfig::default()
