@@ -221,20 +221,16 @@ fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
     // Slot 0 serves a short request while slot 1 decodes a long one, so
     // slot 0's KV is parked in the snapshot store before the save.
     let run_pair = |e: &Engine| {
-        let a = e
-            .generate(GenerateRequest {
-                max_tokens: Some(4),
+        let submit = |tag, n| {
+            e.generate(GenerateRequest {
+                max_tokens: Some(n),
                 ignore_eos: true,
-                ..GenerateRequest::new(passage('A', 300)).greedy()
+                ..GenerateRequest::new(passage(tag, 300)).greedy()
             })
-            .expect("submit");
-        let b = e
-            .generate(GenerateRequest {
-                max_tokens: Some(160),
-                ignore_eos: true,
-                ..GenerateRequest::new(passage('B', 300)).greedy()
-            })
-            .expect("submit");
+            .expect("submit")
+        };
+        let a = submit('A', 4);
+        let b = submit('B', 160);
         let a = a.blocking_completion().expect("a");
         b.blocking_completion().expect("b");
         a

@@ -68,9 +68,9 @@ pub struct KvSessions {
     park_min_cells: u32,
     /// Snapshot bytes per token, from the latest save (`None` before one).
     bytes_per_token: Option<u64>,
-    /// The tokens of parked sequences, with the lease generation they were
-    /// parked under: valid while the sequence is neither leased nor refilled.
-    parked: HashMap<SeqId, (u64, Vec<Token>)>,
+    /// The tokens of parked sequences; an entry goes when its sequence is
+    /// leased again or a slot file is restored into it.
+    parked: HashMap<SeqId, Vec<Token>>,
 }
 
 impl KvSessions {
@@ -130,11 +130,7 @@ impl KvSessions {
     /// The tokens a parked sequence held, while it is still the same idle
     /// sequence (not leased since, nothing put back into it).
     pub fn parked_tokens(&self, seq: SeqId) -> Option<&[Token]> {
-        let (generation, tokens) = self.parked.get(&seq)?;
-        (*generation == self.mirror.seqs[seq as usize].lease_generation
-            && !self.mirror.is_leased(seq)
-            && self.mirror.resident_len(seq) == 0)
-            .then_some(tokens.as_slice())
+        self.parked.get(&seq).map(Vec::as_slice)
     }
 
     /// The mirror (plans work on a copy of it).
@@ -231,21 +227,15 @@ impl KvSessions {
         let op = self.in_mode(op);
         match op.as_ref() {
             KvOp::Evict { seq, snapshot } => {
-                self.save_snapshot(kv, *seq, *snapshot);
-                if self.mirror.resident_len(*seq) > 0 {
-                    kv.kv_truncate(*seq, 0);
+                if self.clear_sequence(kv, *seq, *snapshot) {
                     self.stats.evictions += 1;
                 }
             }
             KvOp::Park { seq } => {
-                let seq = *seq;
-                let tokens = self.mirror.resident_tokens(seq);
-                if !tokens.is_empty() {
-                    self.save_snapshot(kv, seq, true);
-                    kv.kv_truncate(seq, 0);
+                let tokens = self.mirror.resident_tokens(*seq);
+                if self.clear_sequence(kv, *seq, true) {
                     self.stats.parks += 1;
-                    let generation = self.mirror.seqs[seq as usize].lease_generation;
-                    self.parked.insert(seq, (generation, tokens));
+                    self.parked.insert(*seq, tokens);
                 }
             }
             KvOp::Lease { seq, .. } => {
@@ -302,6 +292,18 @@ impl KvSessions {
     pub(crate) fn apply_to_mirror(&mut self, op: &KvOp) {
         let op = self.in_mode(op);
         self.mirror.apply(&op);
+    }
+
+    /// Clears an idle sequence from the backend, first saving a snapshot of
+    /// it when `snapshot`; the mirror follows in [`Self::apply`]. Returns
+    /// whether it held anything.
+    fn clear_sequence<B: Backend>(&mut self, kv: &mut B, seq: SeqId, snapshot: bool) -> bool {
+        self.save_snapshot(kv, seq, snapshot);
+        let held = self.mirror.resident_len(seq) > 0;
+        if held {
+            kv.kv_truncate(seq, 0);
+        }
+        held
     }
 
     fn save_snapshot<B: Backend>(&mut self, kv: &mut B, seq: SeqId, wanted: bool) {

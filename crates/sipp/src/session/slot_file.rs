@@ -239,9 +239,8 @@ impl KvSessions {
     ) -> Result<(), RestoreError> {
         // What the sequence held goes; a parked prefix stays in the store
         // as a plain snapshot (the sequence may be another slot's).
-        if self.parked.remove(&seq).is_none() {
-            self.erase_sequence(kv, seq);
-        }
+        self.parked.remove(&seq);
+        self.erase_sequence(kv, seq);
         let need = tokens.len() as u32;
         while self.mirror.cells_free() < need {
             let Some(victim) = self.mirror.eviction_victim(&[seq]) else {
