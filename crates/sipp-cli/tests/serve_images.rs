@@ -293,14 +293,29 @@ fn images_match_llama_mtmd_cli_and_serve_the_openai_client() {
     assert_eq!(status, 200, "{v}");
     assert!(v["usage"]["input_tokens"].as_u64().unwrap_or(0) > 64, "{v}");
     // The same image and prompt through chat completions give the same text
-    // (one template, one image).
+    // (one template, one image) up to a near-tie: the chat request computes
+    // its prompt afresh (`cache_prompt: false`), the Messages request may
+    // reuse cached KV, and batching moves logits.
     let same = chat(&c, &s, &pngs[2].1, PROMPTS[0]);
     let messages_text = v["content"][0]["text"].as_str().unwrap_or_default();
-    assert!(
-        same.text.starts_with(messages_text) || messages_text.is_empty(),
-        "messages {messages_text:?} vs chat {:?}",
-        same.text
-    );
+    let mut text = String::new();
+    for (piece, gap) in &same.pieces {
+        if text.len() >= messages_text.len() {
+            break;
+        }
+        let next = format!("{text}{piece}");
+        if !messages_text.starts_with(&next) && !next.starts_with(messages_text) {
+            eprintln!("messages and chat part at {piece:?}, top-2 gap {gap}");
+            assert!(
+                *gap <= NEAR_TIE,
+                "messages {messages_text:?} vs chat {:?}: they part at {piece:?}, \
+                 where the chat's top-2 gap is {gap} (more than the near-tie {NEAR_TIE})",
+                same.text
+            );
+            break;
+        }
+        text = next;
+    }
     // OpenAI's Responses API: an input_image part.
     let (status, v) = post(
         &c,

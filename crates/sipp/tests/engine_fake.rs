@@ -164,6 +164,9 @@ fn kv_pressure_preempts_and_everyone_finishes() {
         FakeConfig {
             n_ctx: 160,
             eos_one_in: 0,
+            // 30 steps of 2 ms: the four requests run at once even when this
+            // thread is descheduled between two submissions.
+            step_delay: std::time::Duration::from_millis(2),
             ..FakeConfig::default()
         },
     );

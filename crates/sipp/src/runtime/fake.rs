@@ -177,6 +177,9 @@ pub struct FakeConfig {
     /// A short window makes text that repeats itself, which n-gram drafts
     /// can predict.
     pub window: usize,
+    /// Time each decode takes (none by default), so the requests a test
+    /// submits one after another overlap however its thread is scheduled.
+    pub step_delay: std::time::Duration,
 }
 
 impl Default for FakeConfig {
@@ -191,6 +194,7 @@ impl Default for FakeConfig {
             eos_one_in: 40,
             chat_template: None,
             window: 0,
+            step_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -450,6 +454,9 @@ impl Backend for FakeBackend {
 
     fn decode(&mut self, rows: &[BatchRow]) -> Result<(), BatchError> {
         self.check_batch(rows)?;
+        if !self.cfg.step_delay.is_zero() {
+            std::thread::sleep(self.cfg.step_delay);
+        }
         self.batches += 1;
         *self.adapter_batches.entry(self.adapters.key()).or_insert(0) += 1;
         if self.inject_no_kv > 0 {

@@ -33,7 +33,13 @@ use crate::sampling::{
 fn backend() -> Result<&'static LlamaBackend, RuntimeError> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND
-        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .get_or_init(|| {
+            let backend = LlamaBackend::init().map_err(|e| e.to_string())?;
+            // Before any model loads: llama.cpp reads the CPU backend's extra
+            // buffer types when it places a model's weights.
+            super::cpu_kernels::register();
+            Ok(backend)
+        })
         .as_ref()
         .map_err(|e| RuntimeError::Load {
             path: String::new(),

@@ -6,6 +6,8 @@
 //! [`fake`] implements both in plain Rust so the scheduler and the KV bookkeeping
 //! can be tested without a model.
 
+#[cfg(feature = "llama")]
+pub mod cpu_kernels;
 pub mod fake;
 pub mod gguf;
 #[cfg(feature = "llama")]

@@ -1,0 +1,162 @@
+//! sipp's own CPU kernels for llama.cpp's CPU backend (`kernels/`, compiled
+//! by `build.rs`).
+//!
+//! Matrix products for Q4_1 weights (the default model's type) and Q8_0
+//! weights (its tied embeddings and output layer, and whole Q8_0 models).
+//! ggml multiplies a Q4_1 matrix one (weight row, activation row) pair at a
+//! time, so on a CPU each extra row of a step (a prompt chunk, several
+//! slots, speculative drafts) cost nearly a one-row step; Q8_0 has a tiled
+//! product for many rows but the pairwise path for one. The kernels register
+//! as an extra buffer type of ggml's CPU backend, the hook of ggml's own
+//! repacked kernels: such matrices are repacked at load, 16 rows
+//! interleaved, and every product over them runs through AVX-512 VNNI dot
+//! instructions, one weight row per lane.
+//!
+//! They are compiled in for x86-64 CPUs with AVX-512 VNNI (the build targets
+//! the build machine's CPU). `SIPP_CPU_KERNELS=off` leaves them out of a
+//! process, for comparisons with llama.cpp's own arithmetic.
+
+use std::sync::OnceLock;
+
+#[cfg(sipp_cpu_kernels)]
+mod ffi {
+    extern "C" {
+        pub fn sipp_cpu_gemm_register() -> bool;
+        pub fn sipp_cpu_gemm_calls() -> std::os::raw::c_ulonglong;
+        pub fn sipp_cpu_gemm_check(q8_0: bool, k: i32, m: i32, n: i32, seed: u32) -> f64;
+    }
+}
+
+/// A weight type the kernels take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightType {
+    /// 4-bit quants with a scale and a minimum per block of 32.
+    Q4_1,
+    /// 8-bit quants with a scale per block of 32.
+    Q8_0,
+}
+
+/// Registers the kernels with ggml's CPU backend, once per process, unless
+/// `SIPP_CPU_KERNELS=off`. Must run before the first model loads. Returns
+/// whether they are active.
+pub fn register() -> bool {
+    static ACTIVE: OnceLock<bool> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let off = std::env::var("SIPP_CPU_KERNELS")
+            .is_ok_and(|v| matches!(v.trim(), "off" | "0" | "false" | "no"));
+        let active = !off && register_compiled();
+        tracing::debug!(active, "sipp CPU matrix kernels");
+        active
+    })
+}
+
+#[cfg(sipp_cpu_kernels)]
+fn register_compiled() -> bool {
+    // SAFETY: registration takes no arguments and runs once (OnceLock).
+    unsafe { ffi::sipp_cpu_gemm_register() }
+}
+
+#[cfg(not(sipp_cpu_kernels))]
+fn register_compiled() -> bool {
+    false
+}
+
+/// Whether the kernels serve this process's Q4_1 and Q8_0 products
+/// (registered, and compiled in for this CPU).
+pub fn active() -> bool {
+    register()
+}
+
+/// Matrix products the kernels have computed in this process so far.
+pub fn products() -> u64 {
+    #[cfg(sipp_cpu_kernels)]
+    {
+        // SAFETY: reads an atomic counter.
+        unsafe { ffi::sipp_cpu_gemm_calls() }
+    }
+    #[cfg(not(sipp_cpu_kernels))]
+    {
+        0
+    }
+}
+
+/// Runs the kernel for `weights` on random data, `k` x `m` weights times `n`
+/// activation rows, against ggml's own activation quantization and dot
+/// product on the original blocks: the largest difference relative to the
+/// largest result. The repacked weights must unpack to the original blocks
+/// and the quantized activations must equal ggml's bit for bit (otherwise
+/// the result is 1e9). `None` where the kernels are not compiled in or take
+/// no such shape.
+pub fn check(weights: WeightType, k: usize, m: usize, n: usize, seed: u32) -> Option<f64> {
+    #[cfg(sipp_cpu_kernels)]
+    {
+        let dims = (
+            i32::try_from(k).ok()?,
+            i32::try_from(m).ok()?,
+            i32::try_from(n).ok()?,
+        );
+        let q8_0 = weights == WeightType::Q8_0;
+        // SAFETY: the check allocates and frees its own data.
+        let err = unsafe { ffi::sipp_cpu_gemm_check(q8_0, dims.0, dims.1, dims.2, seed) };
+        (err >= 0.0).then_some(err)
+    }
+    #[cfg(not(sipp_cpu_kernels))]
+    {
+        let _ = (weights, k, m, n, seed);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiled in exactly where the build targets AVX-512 VNNI on x86-64.
+    const EXPECTED: bool = cfg!(all(
+        target_arch = "x86_64",
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512dq",
+        target_feature = "avx512vl",
+        target_feature = "avx512vnni",
+        target_feature = "f16c"
+    ));
+
+    #[test]
+    fn the_kernels_match_ggmls_dot_products() {
+        // Activation rows on both sides of the kernel's 4 at a time, odd
+        // block counts, the model's shapes (and its output layer) and a long
+        // row: results within float rounding of ggml's.
+        let shapes = [
+            (32, 16, 1),
+            (64, 16, 2),
+            (96, 32, 3),
+            (576, 192, 5),
+            (576, 1536, 8),
+            (1536, 576, 13),
+            (576, 49152, 2),
+            (4096, 16, 33),
+        ];
+        for weights in [WeightType::Q4_1, WeightType::Q8_0] {
+            for (i, &(k, m, n)) in shapes.iter().enumerate() {
+                let err = check(weights, k, m, n, i as u32 + 1);
+                assert_eq!(err.is_some(), EXPECTED, "{weights:?} {k}x{m}: compiled in");
+                if let Some(err) = err {
+                    assert!(
+                        err < 1e-5,
+                        "{weights:?} {k}x{m} times {n} rows: relative error {err}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_the_kernels_do_not_take_are_refused() {
+        // Whole blocks of 32 columns and whole groups of 16 rows.
+        for weights in [WeightType::Q4_1, WeightType::Q8_0] {
+            assert_eq!(check(weights, 48, 16, 2, 1), None);
+            assert_eq!(check(weights, 64, 24, 2, 1), None);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! sipp's CPU matrix kernels (`kernels/cpu_gemm.cpp`) on the real default
+//! model (SmolLM2-135M: Q4_1 weights, Q8_0 tied embeddings).
+//!
+//! The kernels are checked against ggml's own arithmetic on random data by
+//! the unit tests of `runtime::cpu_kernels`. Here: they serve the model's
+//! products, and a prompt decoded as one batch gives the same logits as the
+//! prompt decoded one token at a time (causal attention makes both the same
+//! function of the same tokens).
+
+mod common;
+
+use sipp::runtime::llama::{load_model, LlamaRuntime};
+use sipp::runtime::{cpu_kernels, Backend, BatchRow};
+use sipp::NativeRuntimeConfig;
+
+const PROMPT: &str = "The lighthouse keeper climbed the stairs every evening at dusk, \
+    counting the steps aloud: one hundred and twelve of them, worn smooth by a \
+    century of boots. At the top she lit the lamp and watched the ships.";
+
+fn logits_of_every_position(
+    rt: &mut LlamaRuntime,
+    tokens: &[i32],
+    one_by_one: bool,
+) -> Vec<Vec<f32>> {
+    rt.kv_clear();
+    let rows: Vec<BatchRow> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &token)| BatchRow {
+            token,
+            pos: i as u32,
+            seq: 0,
+            output: true,
+        })
+        .collect();
+    if one_by_one {
+        rows.iter()
+            .map(|row| {
+                rt.decode(std::slice::from_ref(row))
+                    .expect("decode one row");
+                rt.logits(0).to_vec()
+            })
+            .collect()
+    } else {
+        rt.decode(&rows).expect("decode the batch");
+        (0..rows.len()).map(|i| rt.logits(i).to_vec()).collect()
+    }
+}
+
+#[test]
+fn batched_products_through_the_kernel_match_one_row_products() {
+    let mut cfg = NativeRuntimeConfig::default();
+    cfg.context.n_ctx = 512;
+    cfg.context.n_threads = 2;
+    cfg.context.n_threads_batch = 2;
+    let model = load_model(&common::default_model(), &cfg, 1, None).expect("load");
+    let mut rt = LlamaRuntime::new(model, &cfg, 1).expect("context");
+    let tokens = rt.vocab().tokenize(PROMPT, true, false).expect("tokenize");
+    assert!(tokens.len() >= 32, "a prompt of {} tokens", tokens.len());
+
+    let before = cpu_kernels::products();
+    let batched = logits_of_every_position(&mut rt, &tokens, false);
+    let after_batch = cpu_kernels::products();
+    let single = logits_of_every_position(&mut rt, &tokens, true);
+    let after_single = cpu_kernels::products();
+
+    // Active exactly where the build targets AVX-512 VNNI (unless switched
+    // off); then they serve every Q4_1 product (30 layers x 7 matrices) and
+    // the Q8_0 output layer of each decode, one row or many.
+    let compiled = cfg!(all(
+        target_arch = "x86_64",
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512dq",
+        target_feature = "avx512vl",
+        target_feature = "avx512vnni",
+        target_feature = "f16c"
+    ));
+    let expected = compiled && std::env::var("SIPP_CPU_KERNELS").map_or(true, |v| v != "off");
+    assert_eq!(cpu_kernels::active(), expected);
+    let per_decode = if expected { 30 * 7 + 1 } else { 0 };
+    assert_eq!(after_batch - before, per_decode, "products in the batch");
+    assert_eq!(
+        after_single - after_batch,
+        per_decode * tokens.len() as u64,
+        "products one row at a time"
+    );
+
+    // A row's result does not depend on how many rows share the product, in
+    // the kernels as in ggml's own path: the logits are equal, bit for bit.
+    for (pos, (b, s)) in batched.iter().zip(&single).enumerate() {
+        assert!(
+            b == s,
+            "position {pos}: logits differ between the batch and one by one"
+        );
+    }
+}
