@@ -31,6 +31,8 @@ fn main() {
         .cpp(true)
         .std("c++17")
         .file("kernels/cpu_gemm.cpp")
+        .file("kernels/attention.cpp")
+        .include("kernels")
         .include(ggml.join("include"))
         .include(ggml.join("src"))
         .include(ggml.join("src/ggml-cpu"))

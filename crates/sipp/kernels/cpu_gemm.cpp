@@ -33,6 +33,8 @@
 #include "ggml-cpu-impl.h"
 #include "traits.h"
 
+#include "attention.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -442,6 +444,29 @@ class traits : public ggml::cpu::tensor_traits {
 
 traits g_traits;
 
+// While set, attention runs through ggml's own path (the check compares).
+std::atomic<bool> g_attention_bypass{ false };
+
+class attention_traits : public ggml::cpu::tensor_traits {
+    bool work_size(int n_threads, const ggml_tensor * op, size_t & size) override {
+        if (!sipp::attention_usable(op)) {
+            return false;
+        }
+        size = sipp::attention_work_size(op, n_threads);
+        return true;
+    }
+
+    bool compute_forward(ggml_compute_params * params, ggml_tensor * op) override {
+        if (!sipp::attention_usable(op) || params->wsize < sipp::attention_work_size(op, params->nth)) {
+            return false;
+        }
+        sipp::attention_compute(params, op);
+        return true;
+    }
+};
+
+attention_traits g_attention_traits;
+
 class extra : public ggml::cpu::extra_buffer_type {
     bool supports_op(ggml_backend_dev_t, const ggml_tensor * op) override {
         const ggml_tensor * x = op->src[1];
@@ -454,6 +479,11 @@ class extra : public ggml::cpu::extra_buffer_type {
         if ((op->op == GGML_OP_MUL_MAT || op->op == GGML_OP_GET_ROWS) && op->src[0]->buffer &&
             op->src[0]->buffer->buft == buffer_type()) {
             return &g_traits;
+        }
+        // Attention reads the KV cache, not a buffer of ours: ggml asks every
+        // extra buffer type about every op, so small batches come here too.
+        if (op->op == GGML_OP_FLASH_ATTN_EXT && !g_attention_bypass.load(std::memory_order_relaxed)) {
+            return &g_attention_traits;
         }
         return nullptr;
     }
@@ -673,8 +703,111 @@ double sipp_cpu_gemm_check(bool q8_0, int K, int M, int N, unsigned seed) {
 #endif
 }
 
+// Checks the attention kernel against attention in double precision, and
+// against ggml's flash attention, on random data:
+// `heads` query heads over `kv_heads` key/value heads of dimension D, N query
+// rows over `cells` cells, each row seeing a different prefix of the cells
+// (and row 0 none of a middle stretch). Runs the same graph through ggml's
+// path and through the kernel. Returns the kernel's largest difference from
+// the exact result relative to the largest output (1e9 when it is more than
+// twice ggml's own, or the kernel did not run), or -1 when the kernel does
+// not take the shape.
+double sipp_cpu_attention_check(int D, int N, int heads, int kv_heads, int cells, int n_threads, unsigned seed) {
+    if (!sipp_cpu_gemm_register()) {
+        return -1;
+    }
+    const size_t         mem = (size_t) 64 * 1024 * 1024;
+    ggml_init_params     ip{ mem, nullptr, false };
+    ggml_context *       ctx = ggml_init(ip);
+    ggml_tensor *        q   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, N, heads, 1);
+    ggml_tensor *        k   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, cells, kv_heads, 1);
+    ggml_tensor *        v   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, cells, kv_heads, 1);
+    const int            padded = N;
+    ggml_tensor *        mask   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, cells, padded, 1, 1);
+    std::mt19937         rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < ggml_nelements(q); i++) {
+        ((float *) q->data)[i] = normal(rng);
+    }
+    for (ggml_tensor * t : { k, v }) {
+        for (int64_t i = 0; i < ggml_nelements(t); i++) {
+            ((ggml_fp16_t *) t->data)[i] = ggml_fp32_to_fp16(normal(rng));
+        }
+    }
+    for (int r = 0; r < padded; r++) {
+        for (int c = 0; c < cells; c++) {
+            const bool seen = r < N && c <= cells - N + r && !(r == 0 && c > cells / 4 && c < cells / 2);
+            ((ggml_fp16_t *) mask->data)[(size_t) r * cells + c] = ggml_fp32_to_fp16(seen ? 0.0f : -INFINITY);
+        }
+    }
+    ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f / std::sqrt((float) D), 0.0f, 0.0f);
+    double result = -1;
+    if (sipp::attention_usable(out)) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        g_attention_bypass = true;
+        ggml_graph_compute_with_ctx(ctx, gf, n_threads);
+        g_attention_bypass = false;
+        std::vector<float> want((const float *) out->data, (const float *) out->data + ggml_nelements(out));
+        const unsigned long long before = sipp::attention_calls();
+        ggml_graph_compute_with_ctx(ctx, gf, n_threads);
+        if (sipp::attention_calls() == before) {
+            result = 1e9;  // the kernel did not run
+        } else {
+            // Both against attention in double precision: ggml's path
+            // accumulates the values in f16, so it is the less exact one.
+            const float scale = 1.0f / std::sqrt((float) D);
+            double      ours = 0, ggml = 0, largest = 0;
+            std::vector<double> w(cells), acc(D);
+            for (int h = 0; h < heads; h++) {
+                const int hk = h / (heads / kv_heads);
+                for (int r = 0; r < N; r++) {
+                    const float * qp = (const float *) q->data + ((size_t) h * N + r) * D;
+                    double        m  = -INFINITY;
+                    for (int c = 0; c < cells; c++) {
+                        const float mv = ggml_fp16_to_fp32(((ggml_fp16_t *) mask->data)[(size_t) r * cells + c]);
+                        const ggml_fp16_t * kp = (const ggml_fp16_t *) k->data + ((size_t) hk * cells + c) * D;
+                        double              sc = 0;
+                        for (int d = 0; d < D; d++) {
+                            sc += (double) qp[d] * ggml_fp16_to_fp32(kp[d]);
+                        }
+                        w[c] = mv == -INFINITY ? -INFINITY : sc * scale;
+                        m    = std::max(m, w[c]);
+                    }
+                    double l = 0;
+                    std::fill(acc.begin(), acc.end(), 0.0);
+                    for (int c = 0; c < cells; c++) {
+                        const double e = m == -INFINITY || w[c] == -INFINITY ? 0.0 : std::exp(w[c] - m);
+                        l += e;
+                        const ggml_fp16_t * vp = (const ggml_fp16_t *) v->data + ((size_t) hk * cells + c) * D;
+                        for (int d = 0; d < D; d++) {
+                            acc[d] += e * ggml_fp16_to_fp32(vp[d]);
+                        }
+                    }
+                    for (int d = 0; d < D; d++) {
+                        const double  exact = l > 0 ? acc[d] / l : 0.0;
+                        const size_t  i     = ((size_t) r * heads + h) * D + d;
+                        ours                = std::max(ours, std::fabs(exact - ((const float *) out->data)[i]));
+                        ggml                = std::max(ggml, std::fabs(exact - want[i]));
+                        largest             = std::max(largest, std::fabs(exact));
+                    }
+                }
+            }
+            // worse than ggml's own error is a failure
+            result = ours > 2 * ggml + 1e-6 * largest ? 1e9 : (largest > 0 ? ours / largest : ours);
+        }
+    }
+    ggml_free(ctx);
+    return result;
+}
+
 // Products the kernels have computed in this process.
 unsigned long long sipp_cpu_gemm_calls(void) {
     return g_calls.load(std::memory_order_relaxed);
+}
+
+// Attention ops the small-batch kernel has computed in this process.
+unsigned long long sipp_cpu_attention_calls(void) {
+    return sipp::attention_calls();
 }
 }

@@ -4,7 +4,7 @@
 //! The kernels are checked against ggml's own arithmetic on random data by
 //! the unit tests of `runtime::cpu_kernels`. Here: they serve the model's
 //! products, and a prompt decoded as one batch gives the same logits as the
-//! prompt decoded one token at a time (causal attention makes both the same
+//! prompt decoded two tokens at a time (causal attention makes both the same
 //! function of the same tokens).
 
 mod common;
@@ -17,11 +17,9 @@ const PROMPT: &str = "The lighthouse keeper climbed the stairs every evening at 
     counting the steps aloud: one hundred and twelve of them, worn smooth by a \
     century of boots. At the top she lit the lamp and watched the ships.";
 
-fn logits_of_every_position(
-    rt: &mut LlamaRuntime,
-    tokens: &[i32],
-    one_by_one: bool,
-) -> Vec<Vec<f32>> {
+/// The logits of every position of `tokens`, decoded `chunk` rows at a time
+/// (a last chunk of one row joins the one before it).
+fn logits_of_every_position(rt: &mut LlamaRuntime, tokens: &[i32], chunk: usize) -> Vec<Vec<f32>> {
     rt.kv_clear();
     let rows: Vec<BatchRow> = tokens
         .iter()
@@ -33,18 +31,19 @@ fn logits_of_every_position(
             output: true,
         })
         .collect();
-    if one_by_one {
-        rows.iter()
-            .map(|row| {
-                rt.decode(std::slice::from_ref(row))
-                    .expect("decode one row");
-                rt.logits(0).to_vec()
-            })
-            .collect()
-    } else {
-        rt.decode(&rows).expect("decode the batch");
-        (0..rows.len()).map(|i| rt.logits(i).to_vec()).collect()
+    let mut logits = Vec::new();
+    let mut at = 0;
+    while at < rows.len() {
+        let end = if rows.len() - at <= chunk + 1 {
+            rows.len()
+        } else {
+            at + chunk
+        };
+        rt.decode(&rows[at..end]).expect("decode");
+        logits.extend((0..end - at).map(|i| rt.logits(i).to_vec()));
+        at = end;
     }
+    logits
 }
 
 #[test]
@@ -58,11 +57,13 @@ fn batched_products_through_the_kernel_match_one_row_products() {
     let tokens = rt.vocab().tokenize(PROMPT, true, false).expect("tokenize");
     assert!(tokens.len() >= 32, "a prompt of {} tokens", tokens.len());
 
+    let attention_before = cpu_kernels::attention_ops();
     let before = cpu_kernels::products();
-    let batched = logits_of_every_position(&mut rt, &tokens, false);
+    let batched = logits_of_every_position(&mut rt, &tokens, tokens.len());
     let after_batch = cpu_kernels::products();
-    let single = logits_of_every_position(&mut rt, &tokens, true);
-    let after_single = cpu_kernels::products();
+    let pairs = logits_of_every_position(&mut rt, &tokens, 2);
+    let after_pairs = cpu_kernels::products();
+    let attention_after = cpu_kernels::attention_ops();
 
     // Active exactly where the build targets AVX-512 VNNI (unless switched
     // off); then they serve every Q4_1 product (30 layers x 7 matrices) and
@@ -81,17 +82,27 @@ fn batched_products_through_the_kernel_match_one_row_products() {
     let per_decode = if expected { 30 * 7 + 1 } else { 0 };
     assert_eq!(after_batch - before, per_decode, "products in the batch");
     assert_eq!(
-        after_single - after_batch,
-        per_decode * tokens.len() as u64,
-        "products one row at a time"
+        after_pairs - after_batch,
+        per_decode * (tokens.len() / 2) as u64,
+        "products two rows at a time"
     );
 
-    // A row's result does not depend on how many rows share the product, in
-    // the kernels as in ggml's own path: the logits are equal, bit for bit.
-    for (pos, (b, s)) in batched.iter().zip(&single).enumerate() {
+    // Small-batch attention (2 to 63 rows) served every layer of every decode.
+    let decodes = 1 + (tokens.len() / 2) as u64;
+    let per_attention = if expected { 30 } else { 0 };
+    assert_eq!(
+        attention_after - attention_before,
+        per_attention * decodes,
+        "attention ops"
+    );
+
+    // A row's result does not depend on how many rows share the step (the
+    // products, and attention from 2 to 63 rows), in the kernels as in
+    // ggml's own path: the logits are equal, bit for bit.
+    for (pos, (b, s)) in batched.iter().zip(&pairs).enumerate() {
         assert!(
             b == s,
-            "position {pos}: logits differ between the batch and one by one"
+            "position {pos}: logits differ between one batch and pairs of rows"
         );
     }
 }

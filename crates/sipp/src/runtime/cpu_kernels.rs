@@ -12,6 +12,12 @@
 //! interleaved, and every product over them runs through AVX-512 VNNI dot
 //! instructions, one weight row per lane.
 //!
+//! Beside them, attention for 2 to 63 query rows (a few slots, a draft):
+//! ggml's CPU flash attention walks the cache one cell at a time per row and
+//! head below 64 rows; the kernel splits the cells between the threads and
+//! takes 32 at a time for every row (ggml asks every extra buffer type about
+//! every op, so it needs no buffer of its own).
+//!
 //! They are compiled in for x86-64 CPUs with AVX-512 VNNI (the build targets
 //! the build machine's CPU). `SIPP_CPU_KERNELS=off` leaves them out of a
 //! process, for comparisons with llama.cpp's own arithmetic.
@@ -23,7 +29,17 @@ mod ffi {
     extern "C" {
         pub fn sipp_cpu_gemm_register() -> bool;
         pub fn sipp_cpu_gemm_calls() -> std::os::raw::c_ulonglong;
+        pub fn sipp_cpu_attention_calls() -> std::os::raw::c_ulonglong;
         pub fn sipp_cpu_gemm_check(q8_0: bool, k: i32, m: i32, n: i32, seed: u32) -> f64;
+        pub fn sipp_cpu_attention_check(
+            d: i32,
+            n: i32,
+            heads: i32,
+            kv_heads: i32,
+            cells: i32,
+            threads: i32,
+            seed: u32,
+        ) -> f64;
     }
 }
 
@@ -80,6 +96,20 @@ pub fn products() -> u64 {
     }
 }
 
+/// Attention ops (2 to 63 query rows) the small-batch attention kernel has
+/// computed in this process so far.
+pub fn attention_ops() -> u64 {
+    #[cfg(sipp_cpu_kernels)]
+    {
+        // SAFETY: reads an atomic counter.
+        unsafe { ffi::sipp_cpu_attention_calls() }
+    }
+    #[cfg(not(sipp_cpu_kernels))]
+    {
+        0
+    }
+}
+
 /// Runs the kernel for `weights` on random data, `k` x `m` weights times `n`
 /// activation rows, against ggml's own activation quantization and dot
 /// product on the original blocks: the largest difference relative to the
@@ -103,6 +133,46 @@ pub fn check(weights: WeightType, k: usize, m: usize, n: usize, seed: u32) -> Op
     #[cfg(not(sipp_cpu_kernels))]
     {
         let _ = (weights, k, m, n, seed);
+        None
+    }
+}
+
+/// Runs the small-batch attention kernel and ggml's flash attention on the
+/// same random queries, keys, values and causal-style mask (`heads` query
+/// heads over `kv_heads`, dimension `d`, `n` rows over `cells` cells, on
+/// `threads` threads) and compares both with attention in double precision:
+/// the kernel's largest difference relative to the largest output (1e9 when
+/// it is more than twice ggml's own). `None` where the kernel is not
+/// compiled in or takes no such shape.
+pub fn check_attention(
+    d: usize,
+    n: usize,
+    heads: usize,
+    kv_heads: usize,
+    cells: usize,
+    threads: usize,
+    seed: u32,
+) -> Option<f64> {
+    #[cfg(sipp_cpu_kernels)]
+    {
+        let int = |x: usize| i32::try_from(x).ok();
+        // SAFETY: the check allocates and frees its own ggml context.
+        let err = unsafe {
+            ffi::sipp_cpu_attention_check(
+                int(d)?,
+                int(n)?,
+                int(heads)?,
+                int(kv_heads)?,
+                int(cells)?,
+                int(threads)?,
+                seed,
+            )
+        };
+        (err >= 0.0).then_some(err)
+    }
+    #[cfg(not(sipp_cpu_kernels))]
+    {
+        let _ = (d, n, heads, kv_heads, cells, threads, seed);
         None
     }
 }
@@ -158,5 +228,35 @@ mod tests {
             assert_eq!(check(weights, 48, 16, 2, 1), None);
             assert_eq!(check(weights, 64, 24, 2, 1), None);
         }
+    }
+
+    #[test]
+    fn small_batch_attention_matches_ggmls_flash_attention() {
+        // Two rows and a draft's worth, the default model's heads (9 over 3,
+        // dimension 64), cells that end inside a tile, one and two threads.
+        let shapes = [
+            (64, 2, 9, 3, 500, 1),
+            (64, 2, 9, 3, 500, 2),
+            (64, 33, 9, 3, 700, 2),
+            (64, 8, 4, 4, 45, 2),
+            (128, 63, 8, 2, 1030, 2),
+        ];
+        for (i, &(d, n, heads, kv_heads, cells, threads)) in shapes.iter().enumerate() {
+            let err = check_attention(d, n, heads, kv_heads, cells, threads, i as u32 + 1);
+            assert_eq!(
+                err.is_some(),
+                EXPECTED,
+                "{d} {n} {heads}/{kv_heads} {cells}: compiled in"
+            );
+            if let Some(err) = err {
+                assert!(
+                    err < 1e-5,
+                    "{d} {n} {heads}/{kv_heads} {cells}: relative error {err}"
+                );
+            }
+        }
+        // One row, and 64 rows and more (ggml's tiled path), stay ggml's.
+        assert_eq!(check_attention(64, 1, 9, 3, 500, 2, 9), None);
+        assert_eq!(check_attention(64, 64, 9, 3, 500, 2, 9), None);
     }
 }
