@@ -68,16 +68,8 @@ fn batched_products_through_the_kernel_match_one_row_products() {
     // Active exactly where the build targets AVX-512 VNNI (unless switched
     // off); then they serve every Q4_1 product (30 layers x 7 matrices) and
     // the Q8_0 output layer of each decode, one row or many.
-    let compiled = cfg!(all(
-        target_arch = "x86_64",
-        target_feature = "avx512f",
-        target_feature = "avx512bw",
-        target_feature = "avx512dq",
-        target_feature = "avx512vl",
-        target_feature = "avx512vnni",
-        target_feature = "f16c"
-    ));
-    let expected = compiled && std::env::var("SIPP_CPU_KERNELS").map_or(true, |v| v != "off");
+    let expected = cpu_kernels::FOR_THIS_TARGET
+        && std::env::var("SIPP_CPU_KERNELS").map_or(true, |v| v != "off");
     assert_eq!(cpu_kernels::active(), expected);
     let per_decode = if expected { 30 * 7 + 1 } else { 0 };
     assert_eq!(after_batch - before, per_decode, "products in the batch");

@@ -24,6 +24,20 @@
 
 use std::sync::OnceLock;
 
+/// Whether the build's target CPU has what the kernels are compiled for
+/// (x86-64 with AVX-512 F, BW, DQ, VL and VNNI, and F16C): where it does not,
+/// `build.rs` compiles them empty and ggml's own path runs.
+pub const FOR_THIS_TARGET: bool = cfg!(all(
+    feature = "llama",
+    target_arch = "x86_64",
+    target_feature = "avx512f",
+    target_feature = "avx512bw",
+    target_feature = "avx512dq",
+    target_feature = "avx512vl",
+    target_feature = "avx512vnni",
+    target_feature = "f16c"
+));
+
 #[cfg(sipp_cpu_kernels)]
 mod ffi {
     extern "C" {
@@ -182,15 +196,7 @@ mod tests {
     use super::*;
 
     /// Compiled in exactly where the build targets AVX-512 VNNI on x86-64.
-    const EXPECTED: bool = cfg!(all(
-        target_arch = "x86_64",
-        target_feature = "avx512f",
-        target_feature = "avx512bw",
-        target_feature = "avx512dq",
-        target_feature = "avx512vl",
-        target_feature = "avx512vnni",
-        target_feature = "f16c"
-    ));
+    const EXPECTED: bool = FOR_THIS_TARGET;
 
     #[test]
     fn the_kernels_match_ggmls_dot_products() {
