@@ -10,7 +10,7 @@ namespace sipp {
 
 // Whether the kernel takes this FLASH_ATTN_EXT: f32 queries, f16 keys and
 // values, an f16 mask shared by the heads, no sinks, ALiBi or soft-capping,
-// and 2 to 63 query rows (one row and 64 or more are ggml's).
+// and any number of query rows.
 bool attention_usable(const ggml_tensor * op);
 
 // Work buffer bytes for `n_threads`.

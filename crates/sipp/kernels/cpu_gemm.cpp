@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -444,8 +445,11 @@ class traits : public ggml::cpu::tensor_traits {
 
 traits g_traits;
 
-// While set, attention runs through ggml's own path (the check compares).
-std::atomic<bool> g_attention_bypass{ false };
+// Attention ops named so run through ggml's own path (the check compares).
+constexpr const char * ATTENTION_BYPASS = "sipp-bypass";
+
+// The checks below count the kernels' calls: one at a time.
+std::mutex g_check;
 
 class attention_traits : public ggml::cpu::tensor_traits {
     bool work_size(int n_threads, const ggml_tensor * op, size_t & size) override {
@@ -482,7 +486,7 @@ class extra : public ggml::cpu::extra_buffer_type {
         }
         // Attention reads the KV cache, not a buffer of ours: ggml asks every
         // extra buffer type about every op, so small batches come here too.
-        if (op->op == GGML_OP_FLASH_ATTN_EXT && !g_attention_bypass.load(std::memory_order_relaxed)) {
+        if (op->op == GGML_OP_FLASH_ATTN_EXT && std::strcmp(op->name, ATTENTION_BYPASS) != 0) {
             return &g_attention_traits;
         }
         return nullptr;
@@ -684,6 +688,7 @@ bool sipp_cpu_gemm_register(void) {
 // bit-for-bit check fails), or -1 when the kernels are not compiled in or
 // the shape is not one they take.
 double sipp_cpu_gemm_check(bool q8_0, int K, int M, int N, unsigned seed) {
+    const std::lock_guard<std::mutex> one_at_a_time(g_check);
 #ifdef SIPP_CPU_GEMM
     if (K <= 0 || K % 32 != 0 || M <= 0 || M % ROWS != 0 || N <= 0) {
         return -1;
@@ -713,6 +718,7 @@ double sipp_cpu_gemm_check(bool q8_0, int K, int M, int N, unsigned seed) {
 // twice ggml's own, or the kernel did not run), or -1 when the kernel does
 // not take the shape.
 double sipp_cpu_attention_check(int D, int N, int heads, int kv_heads, int cells, int n_threads, unsigned seed) {
+    const std::lock_guard<std::mutex> one_at_a_time(g_check);
     if (!sipp_cpu_gemm_register()) {
         return -1;
     }
@@ -745,9 +751,9 @@ double sipp_cpu_attention_check(int D, int N, int heads, int kv_heads, int cells
     if (sipp::attention_usable(out)) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
         ggml_build_forward_expand(gf, out);
-        g_attention_bypass = true;
+        ggml_set_name(out, ATTENTION_BYPASS);
         ggml_graph_compute_with_ctx(ctx, gf, n_threads);
-        g_attention_bypass = false;
+        ggml_set_name(out, "");
         std::vector<float> want((const float *) out->data, (const float *) out->data + ggml_nelements(out));
         const unsigned long long before = sipp::attention_calls();
         ggml_graph_compute_with_ctx(ctx, gf, n_threads);
@@ -801,12 +807,94 @@ double sipp_cpu_attention_check(int D, int N, int heads, int kv_heads, int cells
     return result;
 }
 
+// Checks that the attention kernel computes a row the same, bit for bit,
+// whatever the batch around it: one query row (each of `heads` heads
+// seeing the first `seen` cells of a `cache`-cell cache) is computed alone
+// on one thread over the first 256 cells, alone on two threads over all
+// the cells, as a row of 33 rows (the others with random queries and
+// masks) on two and on three threads, and as a row of 100 rows. Returns how many of its outputs
+// differ from the first run (0 for none), or -1 when the kernel does not
+// take the shape, and 1e9 when it did not run.
+double sipp_cpu_attention_invariance(int D, int heads, int kv_heads, int cache, int seen, unsigned seed) {
+    const std::lock_guard<std::mutex> one_at_a_time(g_check);
+    if (!sipp_cpu_gemm_register() || cache < 512 || seen < 1 || seen > 256) {
+        return -1;
+    }
+    const size_t     mem = (size_t) 128 * 1024 * 1024;
+    ggml_init_params ip{ mem, nullptr, false };
+    ggml_context *   ctx = ggml_init(ip);
+    ggml_tensor *    k   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, cache, kv_heads, 1);
+    ggml_tensor *    v   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, cache, kv_heads, 1);
+    std::mt19937     rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (ggml_tensor * t : { k, v }) {
+        for (int64_t i = 0; i < ggml_nelements(t); i++) {
+            ((ggml_fp16_t *) t->data)[i] = ggml_fp32_to_fp16(normal(rng));
+        }
+    }
+    std::vector<float> target((size_t) heads * D);
+    for (float & x : target) {
+        x = normal(rng);
+    }
+    double result = 0;
+    std::vector<float> first;
+    // cells, threads, rows, the row's index: the threads split the cells
+    // for up to 31 rows on 2 threads, and the rows from 32 rows
+    const int runs[5][4] = { { 256, 1, 1, 0 }, { cache, 2, 1, 0 }, { 512, 2, 33, 17 }, { 512, 3, 33, 32 }, { 768, 2, 100, 70 } };
+    for (const auto & run : runs) {
+        const int     n_kv = run[0], threads = run[1], N = run[2], at = run[3];
+        ggml_tensor * kv   = ggml_view_4d(ctx, k, D, n_kv, kv_heads, 1, k->nb[1], k->nb[2], k->nb[3], 0);
+        ggml_tensor * vv   = ggml_view_4d(ctx, v, D, n_kv, kv_heads, 1, v->nb[1], v->nb[2], v->nb[3], 0);
+        ggml_tensor * q    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, N, heads, 1);
+        ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, N, 1, 1);
+        for (int r = 0; r < N; r++) {
+            const int other = (int) (rng() % (unsigned) n_kv);
+            for (int h = 0; h < heads; h++) {
+                for (int d = 0; d < D; d++) {
+                    ((float *) q->data)[((size_t) h * N + r) * D + d] = r == at ? target[(size_t) h * D + d] : normal(rng);
+                }
+            }
+            for (int c = 0; c < n_kv; c++) {
+                const bool sees = r == at ? c < seen : c <= other;
+                ((ggml_fp16_t *) mask->data)[(size_t) r * n_kv + c] = ggml_fp32_to_fp16(sees ? 0.0f : -INFINITY);
+            }
+        }
+        ggml_tensor * out = ggml_flash_attn_ext(ctx, q, kv, vv, mask, 1.0f / std::sqrt((float) D), 0.0f, 0.0f);
+        if (!sipp::attention_usable(out)) {
+            result = -1;
+            break;
+        }
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        const unsigned long long before = sipp::attention_calls();
+        ggml_graph_compute_with_ctx(ctx, gf, threads);
+        if (sipp::attention_calls() == before) {
+            result = 1e9;
+            break;
+        }
+        std::vector<float> row((size_t) heads * D);
+        for (int h = 0; h < heads; h++) {
+            std::memcpy(&row[(size_t) h * D], (const char *) out->data + (h + (size_t) at * heads) * out->nb[1],
+                        sizeof(float) * D);
+        }
+        if (first.empty()) {
+            first = row;
+        } else {
+            for (size_t i = 0; i < row.size(); i++) {
+                result += std::memcmp(&row[i], &first[i], sizeof(float)) != 0;
+            }
+        }
+    }
+    ggml_free(ctx);
+    return result;
+}
+
 // Products the kernels have computed in this process.
 unsigned long long sipp_cpu_gemm_calls(void) {
     return g_calls.load(std::memory_order_relaxed);
 }
 
-// Attention ops the small-batch kernel has computed in this process.
+// Attention ops the attention kernel has computed in this process.
 unsigned long long sipp_cpu_attention_calls(void) {
     return sipp::attention_calls();
 }

@@ -12,11 +12,13 @@
 //! interleaved, and every product over them runs through AVX-512 VNNI dot
 //! instructions, one weight row per lane.
 //!
-//! Beside them, attention for 2 to 63 query rows (a few slots, a draft):
-//! ggml's CPU flash attention walks the cache one cell at a time per row and
-//! head below 64 rows; the kernel splits the cells between the threads and
-//! takes 32 at a time for every row (ggml asks every extra buffer type about
-//! every op, so it needs no buffer of its own).
+//! Beside them, attention (ggml asks every extra buffer type about every op,
+//! so it needs no buffer of its own): ggml's CPU flash attention walks the
+//! cache one cell at a time per row and head below 64 rows, and tiles only
+//! from 64; the kernel takes 32 cells at a time for every row, over fixed
+//! chunks of the cache. A row's result does not depend on the batch around
+//! it, bit for bit: a drafted token gets the logits it would get decoded
+//! alone, and a prompt the same logits in one batch as token by token.
 //!
 //! They are compiled in for x86-64 CPUs with AVX-512 VNNI (the build targets
 //! the build machine's CPU). `SIPP_CPU_KERNELS=off` leaves them out of a
@@ -52,6 +54,14 @@ mod ffi {
             kv_heads: i32,
             cells: i32,
             threads: i32,
+            seed: u32,
+        ) -> f64;
+        pub fn sipp_cpu_attention_invariance(
+            d: i32,
+            heads: i32,
+            kv_heads: i32,
+            cache: i32,
+            seen: i32,
             seed: u32,
         ) -> f64;
     }
@@ -110,7 +120,7 @@ pub fn products() -> u64 {
     }
 }
 
-/// Attention ops (2 to 63 query rows) the small-batch attention kernel has
+/// Attention ops the attention kernel has
 /// computed in this process so far.
 pub fn attention_ops() -> u64 {
     #[cfg(sipp_cpu_kernels)]
@@ -151,7 +161,7 @@ pub fn check(weights: WeightType, k: usize, m: usize, n: usize, seed: u32) -> Op
     }
 }
 
-/// Runs the small-batch attention kernel and ggml's flash attention on the
+/// Runs the attention kernel and ggml's flash attention on the
 /// same random queries, keys, values and causal-style mask (`heads` query
 /// heads over `kv_heads`, dimension `d`, `n` rows over `cells` cells, on
 /// `threads` threads) and compares both with attention in double precision:
@@ -187,6 +197,44 @@ pub fn check_attention(
     #[cfg(not(sipp_cpu_kernels))]
     {
         let _ = (d, n, heads, kv_heads, cells, threads, seed);
+        None
+    }
+}
+
+/// Computes one query row (every head seeing the first `seen` cells of a
+/// `cache`-cell cache) through the attention kernel five ways: alone on one
+/// thread over 256 cells, alone on two threads over the whole cache, as one
+/// of 33 rows on two and on three threads (the threads splitting the cells,
+/// then the rows), and as one of 100 rows. Returns how many of its
+/// outputs differ between the runs (`Some(0)`: equal bit for bit). `None`
+/// where the kernel is not compiled in or takes no such shape.
+pub fn attention_invariance(
+    d: usize,
+    heads: usize,
+    kv_heads: usize,
+    cache: usize,
+    seen: usize,
+    seed: u32,
+) -> Option<u64> {
+    #[cfg(sipp_cpu_kernels)]
+    {
+        let int = |x: usize| i32::try_from(x).ok();
+        // SAFETY: the check allocates and frees its own ggml context.
+        let diff = unsafe {
+            ffi::sipp_cpu_attention_invariance(
+                int(d)?,
+                int(heads)?,
+                int(kv_heads)?,
+                int(cache)?,
+                int(seen)?,
+                seed,
+            )
+        };
+        (diff >= 0.0).then_some(diff as u64)
+    }
+    #[cfg(not(sipp_cpu_kernels))]
+    {
+        let _ = (d, heads, kv_heads, cache, seen, seed);
         None
     }
 }
@@ -237,15 +285,19 @@ mod tests {
     }
 
     #[test]
-    fn small_batch_attention_matches_ggmls_flash_attention() {
-        // Two rows and a draft's worth, the default model's heads (9 over 3,
+    fn attention_matches_ggmls_flash_attention() {
+        // One row, two and a draft's worth, the default model's heads (9 over 3,
         // dimension 64), cells that end inside a tile, one and two threads.
         let shapes = [
+            (64, 1, 9, 3, 500, 1),
+            (64, 1, 9, 3, 500, 2),
             (64, 2, 9, 3, 500, 1),
             (64, 2, 9, 3, 500, 2),
             (64, 33, 9, 3, 700, 2),
             (64, 8, 4, 4, 45, 2),
             (128, 63, 8, 2, 1030, 2),
+            (64, 64, 9, 3, 500, 2),
+            (64, 200, 9, 3, 700, 3),
         ];
         for (i, &(d, n, heads, kv_heads, cells, threads)) in shapes.iter().enumerate() {
             let err = check_attention(d, n, heads, kv_heads, cells, threads, i as u32 + 1);
@@ -261,8 +313,29 @@ mod tests {
                 );
             }
         }
-        // One row, and 64 rows and more (ggml's tiled path), stay ggml's.
-        assert_eq!(check_attention(64, 1, 9, 3, 500, 2, 9), None);
-        assert_eq!(check_attention(64, 64, 9, 3, 500, 2, 9), None);
+    }
+
+    #[test]
+    fn attention_of_a_row_does_not_depend_on_its_batch() {
+        // The default model's heads; a row seeing one cell, part of the
+        // first chunk, a few chunks; a cache long enough for longer chunks;
+        // and a larger head dimension.
+        let cases = [
+            (64, 9, 3, 4096, 1),
+            (64, 9, 3, 4096, 45),
+            (64, 9, 3, 4096, 256),
+            (64, 9, 3, 1 << 16, 200),
+            (128, 8, 2, 2048, 130),
+        ];
+        for (i, &(d, heads, kv_heads, cache, seen)) in cases.iter().enumerate() {
+            let diff = attention_invariance(d, heads, kv_heads, cache, seen, i as u32 + 1);
+            assert_eq!(diff.is_some(), EXPECTED, "compiled in");
+            if let Some(diff) = diff {
+                assert_eq!(
+                    diff, 0,
+                    "{d} {heads}/{kv_heads}, {seen} of {cache} cells: outputs that differ"
+                );
+            }
+        }
     }
 }
