@@ -1,24 +1,25 @@
-// sipp's CPU attention for small batches.
+// sipp's CPU flash attention.
 //
 // Below 64 query rows ggml's CPU flash attention walks the KV cache one
 // cell at a time for every row and head: an f16 dot product, a scalar expf
 // and an f16 multiply-add per cell. A decode step of a few rows (several
-// slots, a speculative draft) then pays that walk once per row. This kernel
-// takes 32 cells at a time instead: their keys converted to f32 and
-// transposed once for every query of the tile, their scores 32 to a
-// register, the softmax with a vectorized exp, tiles whose mask is -inf for
-// every row skipped.
+// slots, a speculative draft) then pays that walk once per row; from 64
+// rows it tiles, with other arithmetic. This kernel takes every batch: 32
+// cells at a time, their keys converted to f32 and transposed once for
+// every query of the tile, scores 16 to a register for up to 4 queries at
+// once, the softmax with a vectorized exp.
 //
-// The cells are cut into chunks at fixed places (64 cells, longer only for
-// a long cache), the threads take the chunks in turn, and each chunk's
-// partial result (running maximum, sum and weighted values) is merged with
-// the others in chunk order, as flash-decoding does. Where the chunks fall
-// depends on the cache alone, and every row is computed on its own, so a
-// row's result is the same bit for bit whatever the batch around it: its
-// rows, the threads, the cells the step spans. A token verified inside a
-// speculative draft therefore gets exactly the logits it gets decoded
-// alone, and two runs of a request agree however their steps were batched.
-// One row goes through here as well for that reason.
+// A row's result does not depend on anything but the cells it sees, bit
+// for bit. The tiles are made of the cells a row sees, in cell order,
+// counted from the first (rows of one sequence, each seeing a prefix of
+// what the last sees, share them); 64 such cells make a chunk, and the
+// chunks' partial softmaxes (running maximum, sum and weighted values) are
+// folded in chunk order. With few rows the threads split the chunks
+// (flash-decoding), with many the rows; both fold the same way. So neither
+// the batch around a row, nor the threads, nor where its cells lie in the
+// cache (after other requests, behind a cached prefix) moves its logits: a
+// token verified in a speculative draft gets exactly the logits it gets
+// decoded alone, and a request computes the same wherever it runs.
 //
 // The arithmetic is attention's: softmax(scale * q.k + mask) v, with the
 // online-softmax rescaling; ggml's path rounds queries to f16 first, this
@@ -31,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && defined(__F16C__)
@@ -42,7 +44,7 @@ namespace sipp {
 namespace {
 
 constexpr int     TILE     = 32;   // cells per tile
-constexpr int64_t MAX_ROWS = 63;   // the most rows for which the threads split the cells
+constexpr int64_t MAX_ROWS = 63;   // the most rows for which the threads split the chunks
 constexpr int64_t MAX_DIM  = 256;
 // Partial results of one op stay within this many bytes (at MAX_ROWS rows):
 // a longer cache gets longer chunks.
@@ -52,7 +54,7 @@ std::atomic<unsigned long long> g_calls{ 0 };
 
 // Cells of the whole cache behind the op's keys (a view of one layer's
 // cache): the chunk length depends on it and on the heads, never on the
-// batch, so a row's result is the same in every batch.
+// batch.
 int64_t cache_cells(const ggml_tensor * k) {
     int64_t cells = k->ne[1];
     if (k->view_src && k->nb[1] > 0) {
@@ -61,23 +63,40 @@ int64_t cache_cells(const ggml_tensor * k) {
     return cells;
 }
 
+size_t round64(size_t n) {
+    return (n + 63) / 64 * 64;
+}
+
+// A row: how many cells it sees, the last of them, its group and its
+// place among the group's rows.
+struct RowInfo {
+    int32_t count, last, group, local;
+};
+
+// Rows each of which sees a prefix (in cell order) of what the group's
+// representative row sees: a sequence's rows of a step.
+struct Group {
+    int32_t rep, members, first, chunks;  // first: where its rows start in the order
+    int64_t partials;                     // its partial results' offset (chunks split)
+};
+
 struct Shape {
     int64_t D, N, heads, kv_heads, cells;
-    int64_t chunk;         // cells per chunk, a multiple of TILE
-    int64_t chunks;        // chunks over `cells`
-    size_t  per_chunk;     // bytes of one chunk's partial results, every row
-    size_t  per_thread;    // bytes of one thread's tile scratch
+    int64_t chunk;       // seen cells per chunk, a multiple of TILE
+    int64_t max_chunks;  // chunks of a row that sees every cell
 
     // Bytes of one chunk's partial results for `rows` rows.
-    size_t partial_bytes(int64_t rows) const {
-        return ((size_t) heads * rows * (D + 2) * sizeof(float) + 63) / 64 * 64;
-    }
+    size_t partial_bytes(int64_t rows) const { return round64((size_t) heads * rows * (D + 2) * sizeof(float)); }
 
     // Many rows: the threads split the rows, each walking every chunk;
     // few: they split the chunks. The results are the same, bit for bit.
     bool by_rows(int n_threads) const { return N > MAX_ROWS || N >= 16 * (int64_t) n_threads; }
 
     int64_t rows_per_thread(int n_threads) const { return (N + n_threads - 1) / n_threads; }
+
+    size_t scratch_bytes() const {
+        return round64(((size_t) D * TILE * 2 + (size_t) N * TILE) * sizeof(float) + N + 64 + TILE * sizeof(int32_t));
+    }
 
     explicit Shape(const ggml_tensor * op) {
         const ggml_tensor * q = op->src[0];
@@ -87,16 +106,43 @@ struct Shape {
         heads                 = q->ne[2];
         kv_heads              = k->ne[2];
         cells                 = k->ne[1];
-        const size_t largest  = (size_t) MAX_ROWS * heads * (D + 2) * sizeof(float);
+        const size_t  largest = (size_t) MAX_ROWS * heads * (D + 2) * sizeof(float);
         const int64_t all     = cache_cells(k);
         chunk                 = 2 * TILE;
         while ((size_t) ((all + chunk - 1) / chunk) * largest > PARTIALS_BUDGET) {
             chunk *= 2;
         }
-        chunks     = (cells + chunk - 1) / chunk;
-        per_chunk  = partial_bytes(N);
-        per_thread = ((size_t) D * TILE * 2 + (size_t) N * TILE) * sizeof(float) + N + 64;
-        per_thread = (per_thread + 63) / 64 * 64;
+        max_chunks = (cells + chunk - 1) / chunk;
+    }
+};
+
+// Where everything lives in the work buffer: what the rows see and their
+// groups (the meta; with few rows every thread works it out for itself,
+// which saves two barriers), then the chunks' partial results, then every
+// thread's own space.
+struct Layout {
+    size_t rows, groups, order, starts, meta;  // offsets within a meta, its size
+    size_t metas, partials, threads, per_thread, total;
+
+    Layout(const Shape & s, int n_threads) {
+        rows   = 0;
+        groups = round64(rows + sizeof(RowInfo) * s.N);
+        order  = round64(groups + sizeof(Group) * s.N + sizeof(int32_t));
+        starts = round64(order + sizeof(int32_t) * s.N);
+        meta   = round64(starts + sizeof(int32_t) * s.N * (s.max_chunks + 1));
+        metas  = 0;
+        if (s.by_rows(n_threads)) {
+            // one meta; a thread's rows: one chunk's partial and the running state
+            partials   = meta;
+            threads    = partials;
+            per_thread = 2 * s.partial_bytes(s.rows_per_thread(n_threads)) + s.scratch_bytes();
+        } else {
+            // a meta per thread; every group's chunks (at most max_chunks of every row)
+            partials   = meta * n_threads;
+            threads    = partials + s.max_chunks * (s.partial_bytes(s.N) + 64 * s.N);
+            per_thread = s.scratch_bytes();
+        }
+        total = threads + per_thread * n_threads;
     }
 };
 
@@ -117,12 +163,12 @@ bool attention_usable(const ggml_tensor * op) {
     return q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F16 && v->type == GGML_TYPE_F16 &&
            op->type == GGML_TYPE_F32 && mask && mask->type == GGML_TYPE_F16 && mask->ne[2] == 1 &&
            mask->ne[3] == 1 && mask->ne[0] >= k->ne[1] && mask->ne[1] >= q->ne[1] && op->src[4] == nullptr &&
-           max_bias == 0.0f && softcap == 0.0f && q->ne[1] >= 1 && q->ne[0] == v->ne[0] &&
-           k->ne[0] == q->ne[0] && q->ne[0] % 16 == 0 && q->ne[0] <= MAX_DIM && q->ne[3] == 1 && k->ne[3] == 1 &&
-           v->ne[3] == 1 && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0 && v->ne[2] == k->ne[2] &&
-           v->ne[1] == k->ne[1] && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(ggml_fp16_t) &&
-           v->nb[0] == sizeof(ggml_fp16_t) && op->nb[0] == sizeof(float) && op->ne[0] == q->ne[0] &&
-           op->ne[1] == q->ne[2] && op->ne[2] == q->ne[1];
+           max_bias == 0.0f && softcap == 0.0f && q->ne[1] >= 1 && q->ne[1] < INT32_MAX && k->ne[1] < INT32_MAX &&
+           q->ne[0] == v->ne[0] && k->ne[0] == q->ne[0] && q->ne[0] % 16 == 0 && q->ne[0] <= MAX_DIM &&
+           q->ne[3] == 1 && k->ne[3] == 1 && v->ne[3] == 1 && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0 &&
+           v->ne[2] == k->ne[2] && v->ne[1] == k->ne[1] && q->nb[0] == sizeof(float) &&
+           k->nb[0] == sizeof(ggml_fp16_t) && v->nb[0] == sizeof(ggml_fp16_t) && mask->nb[0] == sizeof(ggml_fp16_t) &&
+           op->nb[0] == sizeof(float) && op->ne[0] == q->ne[0] && op->ne[1] == q->ne[2] && op->ne[2] == q->ne[1];
 #else
     (void) op;
     return false;
@@ -130,13 +176,7 @@ bool attention_usable(const ggml_tensor * op) {
 }
 
 size_t attention_work_size(const ggml_tensor * op, int n_threads) {
-    const Shape s(op);
-    if (s.by_rows(n_threads)) {
-        // per thread: one chunk's partial and the running maxima and sums
-        const int64_t rows = s.rows_per_thread(n_threads);
-        return (s.partial_bytes(rows) + s.partial_bytes(rows) + s.per_thread) * n_threads + 64;
-    }
-    return s.per_chunk * s.chunks + s.per_thread * n_threads + 64;
+    return Layout(Shape(op), n_threads).total + 64;
 }
 
 unsigned long long attention_calls() {
@@ -175,50 +215,81 @@ inline void transpose16(__m512 rows[16]) {
     }
 }
 
-// One chunk's partial results for the rows [r0, r0 + R) and every head:
-// query (h, r) at h * R + r - r0.
+constexpr uint16_t F16_NEG_INF = 0xFC00;
+
+// Bits of the cells [c, c + 32) of a mask row that are not -inf (seen);
+// none past `end`.
+inline uint32_t seen_bits(const ggml_fp16_t * row, int64_t c, int64_t end) {
+    const int64_t   n    = std::min<int64_t>(32, end - c);
+    const __mmask32 in   = n >= 32 ? (__mmask32) 0xFFFFFFFFu : (__mmask32) ((1u << n) - 1);
+    const __m512i   vals = _mm512_maskz_loadu_epi16(in, row + c);
+    return (uint32_t) (_mm512_cmpneq_epi16_mask(vals, _mm512_set1_epi16((short) F16_NEG_INF)) & in);
+}
+
+// Whether the cells row `a` sees are the first of those row `b` sees, in
+// cell order (a seeing no more than b).
+bool seen_prefix(const ggml_tensor * maskt, const RowInfo * info, int64_t a, int64_t b) {
+    if (info[a].count > info[b].count) {
+        return false;
+    }
+    const ggml_fp16_t * ra = (const ggml_fp16_t *) ((const char *) maskt->data + a * maskt->nb[1]);
+    const ggml_fp16_t * rb = (const ggml_fp16_t *) ((const char *) maskt->data + b * maskt->nb[1]);
+    const int64_t       end = info[a].last + 1;
+    for (int64_t c = 0; c < end; c += 32) {
+        if (seen_bits(ra, c, end) != seen_bits(rb, c, end)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// One chunk's partial results for R rows of a group, every head: query
+// (h, i) of the group's rows at h * R + i.
 struct Partial {
-    int64_t r0, R;
+    int64_t R;
     float * acc;  // [heads * R][D]
     float * m;    // [heads * R] running maximum
     float * l;    // [heads * R] running sum
 
-    Partial(char * at, const Shape & s, int64_t r0, int64_t R) : r0(r0), R(R) {
+    Partial(char * at, const Shape & s, int64_t R) : R(R) {
         const size_t queries = (size_t) s.heads * R;
         acc                  = (float *) at;
         m                    = acc + queries * s.D;
         l                    = m + queries;
     }
 
-    int64_t at(int64_t h, int64_t r) const { return h * R + r - r0; }
+    int64_t at(int64_t h, int64_t i) const { return h * R + i; }
 };
 
 // One thread's scratch for a tile.
 struct Scratch {
     float *   kt;    // [D][TILE] keys of a tile, transposed
     float *   vf;    // [TILE][D] values of a tile
-    float *   mask;  // [N][TILE]
-    uint8_t * live;  // [N] whether a row has an unmasked cell in the tile
+    float *   mask;  // [R][TILE]
+    uint8_t * live;  // [R] whether a row sees a cell of the tile
+    int32_t * idx;   // [TILE] the tile's cells
 
     Scratch(char * at, const Shape & s) {
         kt   = (float *) at;
         vf   = kt + s.D * TILE;
         mask = vf + s.D * TILE;
         live = (uint8_t *) (mask + s.N * TILE);
+        idx  = (int32_t *) round64((size_t) (live + s.N));
     }
 };
 
-// One tile for J queries of head h (rows `rows`), each exactly as alone:
-// the queries only share the loads of the tile's keys and values.
+// One tile for J queries of head h (the group's rows `locals` of `rows`),
+// each exactly as alone: the queries only share the loads of the tile's
+// keys and values.
 template <int J>
 inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t, int64_t h,
-                    const int64_t * rows, int n, float scale) {
+                    const int32_t * rows, const int64_t * locals, int n, float scale) {
     const ggml_tensor * q    = op->src[0];
     const __m512        ninf = _mm512_set1_ps(-INFINITY);
     const float *       qp[J];
     __m512              s0[J], s1[J];
     for (int j = 0; j < J; j++) {
-        qp[j] = (const float *) ((const char *) q->data + rows[j] * q->nb[1] + h * q->nb[2]);
+        qp[j] = (const float *) ((const char *) q->data + rows[locals[j]] * q->nb[1] + h * q->nb[2]);
         s0[j] = _mm512_setzero_ps();
         s1[j] = _mm512_setzero_ps();
     }
@@ -236,15 +307,15 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
     bool              any = false;
     const __m512      sc  = _mm512_set1_ps(scale);
     for (int j = 0; j < J; j++) {
-        const int64_t r = rows[j];
-        s0[j]           = _mm512_fmadd_ps(s0[j], sc, _mm512_loadu_ps(t.mask + r * TILE));
-        s1[j]           = _mm512_fmadd_ps(s1[j], sc, _mm512_loadu_ps(t.mask + r * TILE + 16));
+        const int64_t i = locals[j];
+        s0[j]           = _mm512_fmadd_ps(s0[j], sc, _mm512_loadu_ps(t.mask + i * TILE));
+        s1[j]           = _mm512_fmadd_ps(s1[j], sc, _mm512_loadu_ps(t.mask + i * TILE + 16));
         const float tile_max = _mm512_reduce_max_ps(_mm512_max_ps(s0[j], s1[j]));
         acc[j]               = nullptr;
         if (tile_max == -INFINITY) {
             continue;
         }
-        const int64_t qi   = p.at(h, r);
+        const int64_t qi   = p.at(h, i);
         const float   mnew = std::max(p.m[qi], tile_max);
         const float   corr = p.m[qi] == -INFINITY ? 0.0f : expf(p.m[qi] - mnew);
         const __m512  mv   = _mm512_set1_ps(mnew);
@@ -289,86 +360,96 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
     }
 }
 
-// The cells [c_begin, c_end) of one chunk for the partial's rows and every
-// head, from scratch.
-void walk(const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t, int64_t c_begin, int64_t c_end,
-          float scale) {
-    const int64_t r0 = p.r0, r1 = p.r0 + p.R;
-    const ggml_tensor * q     = op->src[0];
+// Chunk j of group g for R of its rows (`rows`), every head, from scratch.
+// The tiles are the group's seen cells in cell order, 32 at a time,
+// counted from the group's first seen cell: a row's tiles hold the same
+// cells in the same places whatever else the cache or the batch holds.
+void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const Group & g, const int32_t * starts,
+          int64_t j, const int32_t * rows, int64_t R, const Partial & p, const Scratch & t, float scale) {
     const ggml_tensor * k     = op->src[1];
     const ggml_tensor * v     = op->src[2];
     const ggml_tensor * maskt = op->src[3];
     const int64_t       group = s.heads / s.kv_heads;
-    const __m512        ninf  = _mm512_set1_ps(-INFINITY);
+    const ggml_fp16_t * rep   = (const ggml_fp16_t *) ((const char *) maskt->data + g.rep * maskt->nb[1]);
+    const int64_t       seen  = info[g.rep].count;
 
-    for (int64_t qi = 0; qi < s.heads * p.R; qi++) {
+    for (int64_t qi = 0; qi < s.heads * R; qi++) {
         p.m[qi] = -INFINITY;
         p.l[qi] = 0.0f;
     }
-    std::memset(p.acc, 0, sizeof(float) * s.heads * p.R * s.D);
+    std::memset(p.acc, 0, sizeof(float) * s.heads * R * s.D);
 
-    for (int64_t c0 = c_begin; c0 < c_end; c0 += TILE) {
-        const int n = (int) std::min<int64_t>(TILE, c_end - c0);
-        // the mask of every row over the tile; -inf past its end
+    int64_t       cell = starts[j];  // where the chunk's first seen cell is
+    const int64_t end  = std::min(seen, (j + 1) * s.chunk);
+    for (int64_t first = j * s.chunk; first < end; first += TILE) {
+        // the tile's cells: the next n the representative row sees
+        const int n = (int) std::min<int64_t>(TILE, end - first);
+        int       got = 0;
+        while (got < n) {
+            uint32_t bits = seen_bits(rep, cell & ~(int64_t) 31, s.cells) & (~0u << (cell & 31));
+            while (bits && got < n) {
+                const int b = __builtin_ctz(bits);
+                t.idx[got++] = (int32_t) ((cell & ~(int64_t) 31) + b);
+                bits &= bits - 1;
+            }
+            cell = got < n ? (cell & ~(int64_t) 31) + 32 : t.idx[got - 1] + 1;
+        }
+        // every row's mask over them; -inf where the row sees no further
         bool any = false;
-        for (int64_t r = r0; r < r1; r++) {
-            const ggml_fp16_t * mp = (const ggml_fp16_t *) ((const char *) maskt->data + r * maskt->nb[1]) + c0;
-            float *             mr = t.mask + r * TILE;
-            // past the cells (in the last tile) -inf, and nothing read
-            const __mmask16 in0 = n >= 16 ? (__mmask16) 0xFFFF : (__mmask16) ((1u << n) - 1);
-            const __mmask16 in1 = n >= 32 ? (__mmask16) 0xFFFF : n <= 16 ? (__mmask16) 0 : (__mmask16) ((1u << (n - 16)) - 1);
-            const __m512    m0  = _mm512_mask_cvtph_ps(ninf, in0, _mm256_maskz_loadu_epi16(in0, mp));
-            const __m512    m1  = _mm512_mask_cvtph_ps(ninf, in1, _mm256_maskz_loadu_epi16(in1, mp + 16));
-            _mm512_storeu_ps(mr, m0);
-            _mm512_storeu_ps(mr + 16, m1);
-            const __mmask16 a = _mm512_cmp_ps_mask(m0, ninf, _CMP_NEQ_OQ);
-            const __mmask16 b = _mm512_cmp_ps_mask(m1, ninf, _CMP_NEQ_OQ);
-            t.live[r]         = (a | b) != 0;
-            any |= t.live[r] != 0;
+        for (int64_t i = 0; i < R; i++) {
+            const int64_t       r     = rows[i];
+            const ggml_fp16_t * mp    = (const ggml_fp16_t *) ((const char *) maskt->data + r * maskt->nb[1]);
+            const int64_t       upto  = std::min<int64_t>(n, std::max<int64_t>(0, info[r].count - first));
+            float *             mr    = t.mask + i * TILE;
+            for (int c = 0; c < TILE; c++) {
+                mr[c] = c < upto ? _cvtsh_ss(mp[t.idx[c]]) : -INFINITY;
+            }
+            t.live[i] = upto > 0;
+            any |= upto > 0;
         }
         if (!any) {
-            continue;
+            break;  // the rows see no further
         }
         for (int64_t hk = 0; hk < s.kv_heads; hk++) {
             // keys transposed and values, as f32
             for (int cb = 0; cb < TILE; cb += 16) {
                 for (int64_t d = 0; d < s.D; d += 16) {
-                    __m512 rows[16];
+                    __m512 kr[16];
                     for (int i = 0; i < 16; i++) {
-                        const int c = cb + i;
+                        const int c  = cb + i;
                         __m512    kv = _mm512_setzero_ps(), vv = _mm512_setzero_ps();
                         if (c < n) {
-                            const char * kp = (const char *) k->data + (c0 + c) * k->nb[1] + hk * k->nb[2];
-                            const char * vp = (const char *) v->data + (c0 + c) * v->nb[1] + hk * v->nb[2];
+                            const char * kp = (const char *) k->data + t.idx[c] * k->nb[1] + hk * k->nb[2];
+                            const char * vp = (const char *) v->data + t.idx[c] * v->nb[1] + hk * v->nb[2];
                             kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const ggml_fp16_t *) kp + d)));
                             vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const ggml_fp16_t *) vp + d)));
                         }
                         _mm512_storeu_ps(t.vf + c * s.D + d, vv);
-                        rows[i] = kv;
+                        kr[i] = kv;
                     }
-                    transpose16(rows);
-                    for (int j = 0; j < 16; j++) {
-                        _mm512_storeu_ps(t.kt + (d + j) * TILE + cb, rows[j]);
+                    transpose16(kr);
+                    for (int i = 0; i < 16; i++) {
+                        _mm512_storeu_ps(t.kt + (d + i) * TILE + cb, kr[i]);
                     }
                 }
             }
-            // the tile's live rows, up to 4 queries of a head at a time
+            // the live rows, up to 4 queries of a head at a time
             int64_t live[64];
             int64_t n_live = 0;
-            for (int64_t r = r0; r < r1; r++) {
-                if (t.live[r]) {
-                    live[n_live++] = r;
+            for (int64_t i = 0; i < R; i++) {
+                if (t.live[i]) {
+                    live[n_live++] = i;
                 }
-                if (n_live == 64 || (r == r1 - 1 && n_live > 0)) {
+                if (n_live == 64 || (i == R - 1 && n_live > 0)) {
                     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
-                        int64_t i = 0;
-                        for (; i + 4 <= n_live; i += 4) {
-                            queries<4>(op, s, p, t, h, live + i, n, scale);
+                        int64_t x = 0;
+                        for (; x + 4 <= n_live; x += 4) {
+                            queries<4>(op, s, p, t, h, rows, live + x, n, scale);
                         }
-                        switch (n_live - i) {
-                            case 3: queries<3>(op, s, p, t, h, live + i, n, scale); break;
-                            case 2: queries<2>(op, s, p, t, h, live + i, n, scale); break;
-                            case 1: queries<1>(op, s, p, t, h, live + i, n, scale); break;
+                        switch (n_live - x) {
+                            case 3: queries<3>(op, s, p, t, h, rows, live + x, n, scale); break;
+                            case 2: queries<2>(op, s, p, t, h, rows, live + x, n, scale); break;
+                            case 1: queries<1>(op, s, p, t, h, rows, live + x, n, scale); break;
                             default: break;
                         }
                     }
@@ -400,8 +481,8 @@ inline void fold(float & m, float & l, float * out, const Partial & part, int64_
     l               = l * wa + part.l[qi] * wb;
     m               = mn;
     for (int64_t d = 0; d < D; d += 16) {
-        _mm512_storeu_ps(out + d, _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), bv,
-                                                  _mm512_mul_ps(_mm512_loadu_ps(out + d), av)));
+        _mm512_storeu_ps(out + d,
+                         _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), bv, _mm512_mul_ps(_mm512_loadu_ps(out + d), av)));
     }
 }
 
@@ -418,6 +499,109 @@ inline void finish(float m, float l, float * out, int64_t D) {
     }
 }
 
+// The meta: what each row sees, its group, the groups' rows in order and
+// where each group's chunks start.
+struct Meta {
+    RowInfo * info;
+    Group *   groups;
+    int32_t * n_groups;
+    int32_t * order;
+    int32_t * starts0;
+    int64_t   stride;
+
+    Meta(char * at, const Layout & lay, const Shape & s) {
+        info     = (RowInfo *) (at + lay.rows);
+        groups   = (Group *) (at + lay.groups);
+        n_groups = (int32_t *) (groups + s.N);
+        order    = (int32_t *) (at + lay.order);
+        starts0  = (int32_t *) (at + lay.starts);
+        stride   = s.max_chunks + 1;
+    }
+
+    int32_t * starts(int64_t g) const { return starts0 + g * stride; }
+};
+
+// What the rows r0, r0 + step, ... see.
+void see(const ggml_tensor * op, const Shape & s, const Meta & mt, int64_t r0, int64_t step) {
+    const ggml_tensor * maskt = op->src[3];
+    for (int64_t r = r0; r < s.N; r += step) {
+        const ggml_fp16_t * row   = (const ggml_fp16_t *) ((const char *) maskt->data + r * maskt->nb[1]);
+        int32_t             count = 0, last = -1;
+        for (int64_t c = 0; c < s.cells; c += 32) {
+            const uint32_t bits = seen_bits(row, c, s.cells);
+            if (bits) {
+                count += __builtin_popcount(bits);
+                last = (int32_t) (c + 31 - __builtin_clz(bits));
+            }
+        }
+        mt.info[r] = { count, last, -1, -1 };
+    }
+}
+
+// The groups: a row joins a group whose representative sees what it sees
+// and more after, or becomes its representative; then the rows in group
+// order, where every chunk starts, and where its partial results go.
+void group(const ggml_tensor * op, const Shape & s, const Meta & mt) {
+    const ggml_tensor * maskt  = op->src[3];
+    RowInfo *           info   = mt.info;
+    Group *             groups = mt.groups;
+    int32_t             ng     = 0;
+    for (int64_t r = 0; r < s.N; r++) {
+        if (info[r].count == 0) {
+            continue;
+        }
+        int32_t found = -1;
+        for (int32_t g = ng - 1; g >= 0 && found < 0; g--) {
+            if (seen_prefix(maskt, info, r, groups[g].rep)) {
+                found = g;
+            } else if (seen_prefix(maskt, info, groups[g].rep, r)) {
+                groups[g].rep = (int32_t) r;
+                found         = g;
+            }
+        }
+        if (found < 0) {
+            found         = ng++;
+            groups[found] = { (int32_t) r, 0, 0, 0, 0 };
+        }
+        info[r].group = found;
+        info[r].local = groups[found].members++;
+    }
+    int32_t first    = 0;
+    int64_t partials = 0;
+    for (int32_t g = 0; g < ng; g++) {
+        Group & gr  = groups[g];
+        gr.first    = first;
+        gr.partials = partials;
+        first += gr.members;
+        const int64_t seen = info[gr.rep].count;
+        gr.chunks          = (int32_t) ((seen + s.chunk - 1) / s.chunk);
+        partials += (int64_t) gr.chunks * s.partial_bytes(gr.members);
+        gr.members = 0;
+        // where each chunk's first seen cell is
+        const ggml_fp16_t * rep = (const ggml_fp16_t *) ((const char *) maskt->data + gr.rep * maskt->nb[1]);
+        int32_t *           st  = mt.starts(g);
+        int64_t             n   = 0;
+        for (int64_t c = 0; c < s.cells && n < seen; c += 32) {
+            uint32_t bits = seen_bits(rep, c, s.cells);
+            while (bits) {
+                if (n % s.chunk == 0) {
+                    st[n / s.chunk] = (int32_t) (c + __builtin_ctz(bits));
+                }
+                n++;
+                bits &= bits - 1;
+            }
+        }
+        st[gr.chunks] = (int32_t) s.cells;
+    }
+    for (int64_t r = 0; r < s.N; r++) {
+        if (info[r].group >= 0) {
+            Group & gr                        = groups[info[r].group];
+            mt.order[gr.first + gr.members++] = (int32_t) r;
+        }
+    }
+    *mt.n_groups = ng;
+}
+
 }  // namespace
 
 void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
@@ -426,59 +610,103 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
     std::memcpy(&scale, (const float *) op->op_params + 0, sizeof(float));
     char * base = (char *) (((uintptr_t) params->wdata + 63) & ~(uintptr_t) 63);
     GGML_ASSERT(params->wsize >= attention_work_size(op, params->nth));
-    const int ith = params->ith, nth = params->nth;
-    auto      output = [&](int64_t h, int64_t r) {
+    const int    ith = params->ith, nth = params->nth;
+    const Layout lay(s, nth);
+    const bool   by_rows = s.by_rows(nth);
+    const Meta   mt(base + (by_rows ? 0 : lay.meta * ith), lay, s);
+    auto         output = [&](int64_t h, int64_t r) {
         return (float *) ((char *) op->data + (h + r * op->ne[1]) * op->nb[1]);
     };
+    if (by_rows) {
+        see(op, s, mt, ith, nth);
+        ggml_barrier(params->threadpool);
+        if (ith == 0) {
+            group(op, s, mt);
+        }
+        ggml_barrier(params->threadpool);
+    } else {
+        see(op, s, mt, 0, 1);
+        group(op, s, mt);
+    }
+    const RowInfo * info   = mt.info;
+    const Group *   groups = mt.groups;
+    const int32_t * order  = mt.order;
+    const int32_t   ng     = *mt.n_groups;
 
-    if (s.by_rows(nth)) {
-        // Every thread takes a share of the rows through all the chunks.
+    // rows that see nothing: zeros, as ggml writes
+    for (int64_t r = ith; r < s.N; r += nth) {
+        if (info[r].group < 0) {
+            for (int64_t h = 0; h < s.heads; h++) {
+                std::memset(output(h, r), 0, sizeof(float) * s.D);
+            }
+        }
+    }
+
+    if (by_rows) {
+        // Every thread takes a share of the rows (in group order) through
+        // all of their group's chunks.
+        char *        own = base + lay.threads + lay.per_thread * ith;
         const int64_t per = s.rows_per_thread(nth);
-        const int64_t r0 = std::min(s.N, per * ith), r1 = std::min(s.N, r0 + per);
-        char *        own = base + (s.partial_bytes(per) * 2 + s.per_thread) * ith;
-        const Partial part(own, s, r0, r1 - r0);
-        const Partial state(own + s.partial_bytes(per), s, r0, r1 - r0);  // its m and l: the running state
-        const Scratch t(own + s.partial_bytes(per) * 2, s);
-        if (r0 < r1) {
-            for (int64_t qi = 0; qi < s.heads * (r1 - r0); qi++) {
+        const Scratch t(own + 2 * s.partial_bytes(per), s);
+        const int64_t grouped = ng > 0 ? groups[ng - 1].first + groups[ng - 1].members : 0;
+        const int64_t o0 = std::min(grouped, per * ith), o1 = std::min(grouped, o0 + per);
+        for (int64_t o = o0; o < o1;) {
+            const Group & g = groups[info[order[o]].group];
+            const int64_t R = std::min<int64_t>(o1, g.first + g.members) - o;
+            const Partial part(own, s, R);
+            const Partial state(own + s.partial_bytes(per), s, R);  // its m and l: the running state
+            for (int64_t qi = 0; qi < s.heads * R; qi++) {
                 state.m[qi] = -INFINITY;
                 state.l[qi] = 0.0f;
             }
-            for (int64_t c = 0; c < s.chunks; c++) {
-                const int64_t c0 = c * s.chunk;
-                walk(op, s, part, t, c0, std::min(s.cells, c0 + s.chunk), scale);
+            for (int64_t j = 0; j < g.chunks; j++) {
+                walk(op, s, info, g, mt.starts(info[order[o]].group), j, order + o, R, part, t, scale);
                 for (int64_t h = 0; h < s.heads; h++) {
-                    for (int64_t r = r0; r < r1; r++) {
-                        const int64_t qi = part.at(h, r);
-                        fold(state.m[qi], state.l[qi], output(h, r), part, qi, s.D);
+                    for (int64_t i = 0; i < R; i++) {
+                        const int64_t qi = part.at(h, i);
+                        fold(state.m[qi], state.l[qi], output(h, order[o + i]), part, qi, s.D);
                     }
                 }
             }
             for (int64_t h = 0; h < s.heads; h++) {
-                for (int64_t r = r0; r < r1; r++) {
-                    const int64_t qi = part.at(h, r);
-                    finish(state.m[qi], state.l[qi], output(h, r), s.D);
+                for (int64_t i = 0; i < R; i++) {
+                    const int64_t qi = part.at(h, i);
+                    finish(state.m[qi], state.l[qi], output(h, order[o + i]), s.D);
+                }
+            }
+            o += R;
+        }
+    } else {
+        // 1. the threads take the chunks of every group in turn
+        char *        partials = base + lay.partials;
+        const Scratch t(base + lay.threads + lay.per_thread * ith, s);
+        int64_t       unit = 0;
+        for (int32_t gi = 0; gi < ng; gi++) {
+            const Group & g = groups[gi];
+            for (int64_t j = 0; j < g.chunks; j++, unit++) {
+                if (unit % nth == ith) {
+                    const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
+                    walk(op, s, info, g, mt.starts(gi), j, order + g.first, g.members, part, t, scale);
                 }
             }
         }
-    } else {
-        // 1. the threads take the chunks in turn, each chunk from scratch
-        const Scratch t(base + s.per_chunk * s.chunks + ith * s.per_thread, s);
-        for (int64_t c = ith; c < s.chunks; c += nth) {
-            const int64_t c0 = c * s.chunk;
-            walk(op, s, Partial(base + c * s.per_chunk, s, 0, s.N), t, c0, std::min(s.cells, c0 + s.chunk), scale);
-        }
         ggml_barrier(params->threadpool);
 
-        // 2. every thread folds a share of the queries over the chunks, in order
-        for (int64_t qi = ith; qi < s.heads * s.N; qi += nth) {
-            const int64_t h = qi / s.N, r = qi % s.N;
-            float *       out = output(h, r);
-            float         m = -INFINITY, l = 0.0f;
-            for (int64_t c = 0; c < s.chunks; c++) {
-                fold(m, l, out, Partial(base + c * s.per_chunk, s, 0, s.N), qi, s.D);
+        // 2. every thread folds a share of the rows over their chunks, in order
+        for (int64_t r = ith; r < s.N; r += nth) {
+            if (info[r].group < 0) {
+                continue;
             }
-            finish(m, l, out, s.D);
+            const Group & g = groups[info[r].group];
+            for (int64_t h = 0; h < s.heads; h++) {
+                float * out = output(h, r);
+                float   m = -INFINITY, l = 0.0f;
+                for (int64_t j = 0; j < g.chunks; j++) {
+                    const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
+                    fold(m, l, out, part, part.at(h, info[r].local), s.D);
+                }
+                finish(m, l, out, s.D);
+            }
         }
     }
     if (ith == 0) {

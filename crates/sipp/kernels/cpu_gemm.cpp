@@ -808,45 +808,71 @@ double sipp_cpu_attention_check(int D, int N, int heads, int kv_heads, int cells
 }
 
 // Checks that the attention kernel computes a row the same, bit for bit,
-// whatever the batch around it: one query row (each of `heads` heads
-// seeing the first `seen` cells of a `cache`-cell cache) is computed alone
-// on one thread over the first 256 cells, alone on two threads over all
-// the cells, as a row of 33 rows (the others with random queries and
-// masks) on two and on three threads, and as a row of 100 rows. Returns how many of its outputs
-// differ from the first run (0 for none), or -1 when the kernel does not
-// take the shape, and 1e9 when it did not run.
+// whatever the batch around it and wherever its cells lie: one query row
+// (each of `heads` heads seeing `seen` cells of a `cache`-cell cache, the
+// same keys and values every time) is computed alone on one thread over
+// 256 cells, alone on two threads over every cell, as a row of 33 rows
+// (the others seeing random cells) on two and on three threads, as a row of
+// 100, alone with its cells 300 cells further, and as the first of 40 rows
+// of its sequence (the others seeing its cells and more) with its cells 13
+// cells further and a gap of 77 foreign cells in the middle. Returns how
+// many of its outputs differ from the first run (0 for none), or -1 when
+// the kernel does not take the shape, and 1e9 when it did not run.
 double sipp_cpu_attention_invariance(int D, int heads, int kv_heads, int cache, int seen, unsigned seed) {
     const std::lock_guard<std::mutex> one_at_a_time(g_check);
-    if (!sipp_cpu_gemm_register() || cache < 512 || seen < 1 || seen > 256) {
+    if (!sipp_cpu_gemm_register() || cache < 1024 || seen < 1 || seen > 256) {
         return -1;
     }
-    const size_t     mem = (size_t) 128 * 1024 * 1024;
+    const size_t     mem = (size_t) 160 * 1024 * 1024;
     ggml_init_params ip{ mem, nullptr, false };
     ggml_context *   ctx = ggml_init(ip);
     ggml_tensor *    k   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, cache, kv_heads, 1);
     ggml_tensor *    v   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, cache, kv_heads, 1);
     std::mt19937     rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (ggml_tensor * t : { k, v }) {
-        for (int64_t i = 0; i < ggml_nelements(t); i++) {
-            ((ggml_fp16_t *) t->data)[i] = ggml_fp32_to_fp16(normal(rng));
-        }
+    // the row's own keys and values, and its query
+    std::vector<ggml_fp16_t> own_k((size_t) seen * kv_heads * D), own_v(own_k.size());
+    for (size_t i = 0; i < own_k.size(); i++) {
+        own_k[i] = ggml_fp32_to_fp16(normal(rng));
+        own_v[i] = ggml_fp32_to_fp16(normal(rng));
     }
     std::vector<float> target((size_t) heads * D);
     for (float & x : target) {
         x = normal(rng);
     }
-    double result = 0;
+    struct Run {
+        int n_kv, threads, N, at, offset, gap;
+        bool sequence;  // the other rows continue the row's sequence
+    };
+    const Run runs[] = {
+        { 256, 1, 1, 0, 0, 0, false },    { cache, 2, 1, 0, 0, 0, false },   { 512, 2, 33, 17, 0, 0, false },
+        { 512, 3, 33, 32, 0, 0, false },  { 768, 2, 100, 70, 0, 0, false }, { 1024, 2, 1, 0, 300, 0, false },
+        { 1024, 2, 40, 0, 13, 77, true },
+    };
+    double             result = 0;
     std::vector<float> first;
-    // cells, threads, rows, the row's index: the threads split the cells
-    // for up to 31 rows on 2 threads, and the rows from 32 rows
-    const int runs[5][4] = { { 256, 1, 1, 0 }, { cache, 2, 1, 0 }, { 512, 2, 33, 17 }, { 512, 3, 33, 32 }, { 768, 2, 100, 70 } };
-    for (const auto & run : runs) {
-        const int     n_kv = run[0], threads = run[1], N = run[2], at = run[3];
+    for (const Run & run : runs) {
+        // every cell random, then the row's cells: `offset` on, a gap after half
+        for (ggml_tensor * t : { k, v }) {
+            for (int64_t i = 0; i < ggml_nelements(t); i++) {
+                ((ggml_fp16_t *) t->data)[i] = ggml_fp32_to_fp16(normal(rng));
+            }
+        }
+        std::vector<int> cells(seen);
+        for (int i = 0; i < seen; i++) {
+            cells[i] = run.offset + i + (i >= seen / 2 ? run.gap : 0);
+            for (int hk = 0; hk < kv_heads; hk++) {
+                const size_t at = ((size_t) hk * cache + cells[i]) * D;
+                std::memcpy((ggml_fp16_t *) k->data + at, &own_k[((size_t) i * kv_heads + hk) * D], D * sizeof(ggml_fp16_t));
+                std::memcpy((ggml_fp16_t *) v->data + at, &own_v[((size_t) i * kv_heads + hk) * D], D * sizeof(ggml_fp16_t));
+            }
+        }
+        const int     n_kv = run.n_kv, N = run.N, at = run.at;
         ggml_tensor * kv   = ggml_view_4d(ctx, k, D, n_kv, kv_heads, 1, k->nb[1], k->nb[2], k->nb[3], 0);
         ggml_tensor * vv   = ggml_view_4d(ctx, v, D, n_kv, kv_heads, 1, v->nb[1], v->nb[2], v->nb[3], 0);
         ggml_tensor * q    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, N, heads, 1);
         ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, N, 1, 1);
+        const int     tail = cells[seen - 1] + 1;  // the sequence goes on from here
         for (int r = 0; r < N; r++) {
             const int other = (int) (rng() % (unsigned) n_kv);
             for (int h = 0; h < heads; h++) {
@@ -855,7 +881,14 @@ double sipp_cpu_attention_invariance(int D, int heads, int kv_heads, int cache, 
                 }
             }
             for (int c = 0; c < n_kv; c++) {
-                const bool sees = r == at ? c < seen : c <= other;
+                bool sees;
+                if (r == at) {
+                    sees = std::binary_search(cells.begin(), cells.end(), c);
+                } else if (run.sequence) {
+                    sees = std::binary_search(cells.begin(), cells.end(), c) || (c >= tail && c < tail + r - at);
+                } else {
+                    sees = c <= other;
+                }
                 ((ggml_fp16_t *) mask->data)[(size_t) r * n_kv + c] = ggml_fp32_to_fp16(sees ? 0.0f : -INFINITY);
             }
         }
@@ -867,7 +900,7 @@ double sipp_cpu_attention_invariance(int D, int heads, int kv_heads, int cache, 
         ggml_cgraph * gf = ggml_new_graph(ctx);
         ggml_build_forward_expand(gf, out);
         const unsigned long long before = sipp::attention_calls();
-        ggml_graph_compute_with_ctx(ctx, gf, threads);
+        ggml_graph_compute_with_ctx(ctx, gf, run.threads);
         if (sipp::attention_calls() == before) {
             result = 1e9;
             break;

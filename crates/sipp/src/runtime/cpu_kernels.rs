@@ -12,13 +12,15 @@
 //! interleaved, and every product over them runs through AVX-512 VNNI dot
 //! instructions, one weight row per lane.
 //!
-//! Beside them, attention (ggml asks every extra buffer type about every op,
-//! so it needs no buffer of its own): ggml's CPU flash attention walks the
-//! cache one cell at a time per row and head below 64 rows, and tiles only
-//! from 64; the kernel takes 32 cells at a time for every row, over fixed
-//! chunks of the cache. A row's result does not depend on the batch around
-//! it, bit for bit: a drafted token gets the logits it would get decoded
-//! alone, and a prompt the same logits in one batch as token by token.
+//! Beside them, flash attention (ggml asks every extra buffer type about
+//! every op, so it needs no buffer of its own): ggml's CPU flash attention
+//! walks the cache one cell at a time per row and head below 64 rows, and
+//! tiles from 64; the kernel takes 32 cells at a time for every row. Its
+//! tiles and chunks are made of the cells a row sees, in cell order, so a
+//! row's result depends on nothing else, bit for bit: not on the batch (a
+//! drafted token gets the logits it would get decoded alone, a prompt the
+//! same logits in one batch as token by token), the threads, or where its
+//! cells lie in the cache.
 //!
 //! They are compiled in for x86-64 CPUs with AVX-512 VNNI (the build targets
 //! the build machine's CPU). `SIPP_CPU_KERNELS=off` leaves them out of a
@@ -201,13 +203,15 @@ pub fn check_attention(
     }
 }
 
-/// Computes one query row (every head seeing the first `seen` cells of a
-/// `cache`-cell cache) through the attention kernel five ways: alone on one
-/// thread over 256 cells, alone on two threads over the whole cache, as one
-/// of 33 rows on two and on three threads (the threads splitting the cells,
-/// then the rows), and as one of 100 rows. Returns how many of its
-/// outputs differ between the runs (`Some(0)`: equal bit for bit). `None`
-/// where the kernel is not compiled in or takes no such shape.
+/// Computes one query row (every head seeing `seen` cells of a `cache`-cell
+/// cache, with the same keys and values each time) through the attention
+/// kernel seven ways: alone on one thread over 256 cells, alone on two
+/// threads over the whole cache, as one of 33 rows on two and on three
+/// threads (the threads splitting the cells, then the rows), as one of 100
+/// rows, alone with its cells 300 cells further, and as the first of 40 rows
+/// of its sequence with its cells elsewhere and a gap in them. Returns how
+/// many of its outputs differ between the runs (`Some(0)`: equal bit for
+/// bit). `None` where the kernel is not compiled in or takes no such shape.
 pub fn attention_invariance(
     d: usize,
     heads: usize,
@@ -316,7 +320,7 @@ mod tests {
     }
 
     #[test]
-    fn attention_of_a_row_does_not_depend_on_its_batch() {
+    fn attention_of_a_row_does_not_depend_on_its_batch_or_its_cells() {
         // The default model's heads; a row seeing one cell, part of the
         // first chunk, a few chunks; a cache long enough for longer chunks;
         // and a larger head dimension.
