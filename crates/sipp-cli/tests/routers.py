@@ -156,6 +156,18 @@ class Router(Proc):
         probe = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         wait_for(f"{self.name} to route", lambda: http("POST", self.url + "/v1/chat/completions", probe, timeout=10)[0] == 200)
 
+    def reaches(self, workers):
+        """Probes until every worker has served one of them (round_robin)."""
+        probe = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        before = [w.counters()["sipp_prompt_tokens_total"] for w in workers]
+
+        def all_served():
+            http("POST", self.url + "/v1/chat/completions", probe, timeout=10)
+            now = [w.counters()["sipp_prompt_tokens_total"] for w in workers]
+            return all(n > b for n, b in zip(now, before))
+
+        wait_for(f"{self.name} to route to every worker", all_served, timeout=60)
+
 
 MODEL_ID = MODEL
 
@@ -223,6 +235,11 @@ def run(kind, policy, check):
             r.ready()
         router = Router(kind, policy, reps)
         router.ready()
+        if policy == "round_robin":
+            # The router routes once one worker passes its health check; the
+            # baseline needs both (with one, round_robin sends every request
+            # to it, each prefix is computed once, and the ratio reads 1.0).
+            router.reaches(reps)
         before = [r.counters() for r in reps]
         t0 = time.time()
         workload(router.url)
@@ -280,7 +297,8 @@ def sticky_and_failover(kind):
         victim = reps[1]
         jobs = [(k, q) for q in range(4) for k in range(len(TOPICS))]
         with ThreadPoolExecutor(len(jobs)) as pool:
-            futures = [pool.submit(chat, router.url, k, q, q % 2 == 0, 24) for k, q in jobs]
+            # Answers long enough that the victim still holds them when killed.
+            futures = [pool.submit(chat, router.url, k, q, q % 2 == 0, 96) for k, q in jobs]
             wait_for("the victim to hold requests",
                      lambda: victim.counters()["sipp_busy_slots"] > 0, timeout=30)
             # The router may still be forwarding requests to the victim when

@@ -159,13 +159,19 @@ try:
     wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, f'.target[data-target="{MODEL}"] .slot'))
     assert not d.find_elements(By.CSS_SELECTOR, f'.target[data-target="{MODEL}"] .slot:not([data-phase="Idle"])')
 
+    seen_busy = threading.Event()
+
     def background():
-        # ignore_eos: the slot stays busy for all 400 tokens whatever the model writes.
+        # ignore_eos: the slot stays busy for all 400 tokens whatever the
+        # model writes. The dashboard samples once a second and a fast
+        # machine decodes 400 tokens in about that, so requests follow one
+        # another until the test has seen the slot busy.
         body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode()
-        req = urllib.request.Request(BASE + "/v1/completions", data=body, headers={"Authorization": "Bearer " + ADMIN, "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            while r.read(256):
-                pass
+        while not seen_busy.is_set():
+            req = urllib.request.Request(BASE + "/v1/completions", data=body, headers={"Authorization": "Bearer " + ADMIN, "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                while r.read(256):
+                    pass
 
     t = threading.Thread(target=background, daemon=True)
     t.start()
@@ -179,7 +185,9 @@ try:
     busy_text = d.find_element(By.CSS_SELECTOR, f'.target[data-target="{MODEL}"] dd.busy').text
     assert busy_text.startswith("1 /"), busy_text
     d.save_screenshot(os.path.join(SHOTS, "dashboard.png"))
+    seen_busy.set()
     t.join(timeout=120)
+    assert not t.is_alive(), "the background requests did not finish"
     # The finished requests show among the recent ones (the short chat
     # answer and this one; the stopped stream's client left before its end).
     wait.until(lambda _: len(d.find_elements(By.CSS_SELECTOR, "#recent tbody tr")) >= 2)
