@@ -17,9 +17,10 @@
 // folded in chunk order. With few rows the threads split the chunks
 // (flash-decoding), with many the rows; both fold the same way. So neither
 // the batch around a row, nor the threads, nor where its cells lie in the
-// cache (after other requests, behind a cached prefix) moves its logits: a
-// token verified in a speculative draft gets exactly the logits it gets
-// decoded alone, and a request computes the same wherever it runs.
+// cache (after other requests, behind a cached prefix) moves its logits,
+// only their order: a token verified in a speculative draft gets exactly
+// the logits it gets decoded alone, and a request whose cells are in the
+// order of its positions computes the same wherever they are.
 //
 // The arithmetic is attention's: softmax(scale * q.k + mask) v, with the
 // online-softmax rescaling; ggml's path rounds queries to f16 first, this
