@@ -219,7 +219,9 @@ fn passage(tag: char, n: usize) -> String {
 fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
     let d = dir("parked");
     // Slot 0 serves a short request while slot 1 decodes a long one, so
-    // slot 0's KV is parked in the snapshot store before the save.
+    // slot 0's KV is parked in the snapshot store before the save. Steps of
+    // 5 ms keep the short one running until the long one arrives (without
+    // them it could finish first, and the long one took slot 0).
     let run_pair = |e: &Engine| {
         let submit = |tag, n| {
             e.generate(GenerateRequest {
@@ -235,7 +237,8 @@ fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
         b.blocking_completion().expect("b");
         a
     };
-    let e = engine(2);
+    let pace = Duration::from_millis(5);
+    let e = common::fake_engine_paced(2, pace, |_| {});
     let a = run_pair(&e);
     assert!(e.metrics().idle_parks >= 1, "{:?}", e.metrics());
     let file = d.join("parked.bin");
@@ -247,7 +250,7 @@ fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
 
     // The same pair on an engine that keeps idle prefixes live saves the
     // same tokens and state.
-    let live = common::fake_engine_with(2, |c| c.cache.park_idle = false);
+    let live = common::fake_engine_paced(2, pace, |c| c.cache.park_idle = false);
     run_pair(&live);
     assert_eq!(live.metrics().idle_parks, 0);
     let live_file = d.join("live.bin");

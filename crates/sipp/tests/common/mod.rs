@@ -145,6 +145,16 @@ pub fn fake_engine(slots: u32) -> Engine {
 
 /// The same, with the config changed by `tweak` first.
 pub fn fake_engine_with(slots: u32, tweak: impl FnOnce(&mut NativeRuntimeConfig)) -> Engine {
+    fake_engine_paced(slots, std::time::Duration::ZERO, tweak)
+}
+
+/// The same, every decode step taking at least `step_delay` (so that
+/// requests submitted one after the other overlap).
+pub fn fake_engine_paced(
+    slots: u32,
+    step_delay: std::time::Duration,
+    tweak: impl FnOnce(&mut NativeRuntimeConfig),
+) -> Engine {
     use sipp::runtime::fake::{FakeBackend, FakeConfig};
     let mut cfg = NativeRuntimeConfig::default();
     cfg.context.n_parallel = slots;
@@ -158,6 +168,7 @@ pub fn fake_engine_with(slots: u32, tweak: impl FnOnce(&mut NativeRuntimeConfig)
         n_seq_max: slots + cfg.cache.idle_sequences,
         n_batch: 64,
         n_ubatch: 64,
+        step_delay,
         ..FakeConfig::default()
     };
     Engine::start(FakeBackend::new(fake), cfg)
