@@ -123,7 +123,7 @@ struct Shape {
 // thread's own space.
 struct Layout {
     size_t rows, groups, order, starts, meta;  // offsets within a meta, its size
-    size_t metas, partials, threads, per_thread, total;
+    size_t partials, threads, per_thread, total;
 
     Layout(const Shape & s, int n_threads) {
         rows   = 0;
@@ -131,7 +131,6 @@ struct Layout {
         order  = round64(groups + sizeof(Group) * s.N + sizeof(int32_t));
         starts = round64(order + sizeof(int32_t) * s.N);
         meta   = round64(starts + sizeof(int32_t) * s.N * (s.max_chunks + 1));
-        metas  = 0;
         if (s.by_rows(n_threads)) {
             // one meta; a thread's rows: one chunk's partial and the running state
             partials   = meta;
