@@ -46,6 +46,7 @@
 
 #if defined(__linux__)
 #    include <sys/mman.h>
+#    include <unistd.h>
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
@@ -557,9 +558,9 @@ const char * buffer_name(ggml_backend_buffer_type_t) {
 // nothing else asks. A kernel that refuses changes nothing.
 void huge_pages(void * base, size_t size) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t page  = 4096;
-    const uintptr_t from  = ((uintptr_t) base + page - 1) & ~(page - 1);
-    const uintptr_t to    = ((uintptr_t) base + size) & ~(page - 1);
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+    const uintptr_t from = ((uintptr_t) base + page - 1) & ~(page - 1);
+    const uintptr_t to   = ((uintptr_t) base + size) & ~(page - 1);
     if (to > from) {
         madvise((void *) from, to - from, MADV_HUGEPAGE);
     }
