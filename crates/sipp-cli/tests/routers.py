@@ -152,17 +152,20 @@ class Router(Proc):
             argv = [os.path.join(ROUTERS, "vllm-router"), *common]
         super().__init__(f"{kind}-router-{policy}", argv)
 
+    def probe(self):
+        """A one-token chat through the router; its HTTP status."""
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        return http("POST", self.url + "/v1/chat/completions", body, timeout=10)[0]
+
     def ready(self):
-        probe = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-        wait_for(f"{self.name} to route", lambda: http("POST", self.url + "/v1/chat/completions", probe, timeout=10)[0] == 200)
+        wait_for(f"{self.name} to route", lambda: self.probe() == 200)
 
     def reaches(self, workers):
         """Probes until every worker has served one of them (round_robin)."""
-        probe = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         before = [w.counters()["sipp_prompt_tokens_total"] for w in workers]
 
         def all_served():
-            http("POST", self.url + "/v1/chat/completions", probe, timeout=10)
+            self.probe()
             now = [w.counters()["sipp_prompt_tokens_total"] for w in workers]
             return all(n > b for n, b in zip(now, before))
 
