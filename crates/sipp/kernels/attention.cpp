@@ -6,8 +6,10 @@
 // slots, a speculative draft) then pays that walk once per row; from 64
 // rows it tiles, with other arithmetic. This kernel takes every batch: 32
 // cells at a time, their keys converted to f32 and transposed once for
-// every query of the tile, scores 16 to a register for up to 4 queries at
-// once, the softmax with a vectorized exp.
+// every query of the tile (every head that shares the kv head, for every
+// row), scores 16 to a register for up to 8 queries at once, the softmax
+// with a vectorized exp, the values weighed 64 dimensions at a time. The
+// next tile's keys and values are fetched while a tile computes.
 //
 // A row's result does not depend on anything but the cells it sees, bit
 // for bit. The tiles are made of the cells a row sees, in cell order,
@@ -96,7 +98,7 @@ struct Shape {
     int64_t rows_per_thread(int n_threads) const { return (N + n_threads - 1) / n_threads; }
 
     size_t scratch_bytes() const {
-        return round64(((size_t) D * TILE * 2 + (size_t) N * TILE) * sizeof(float) + N + 64 + TILE * sizeof(int32_t));
+        return round64(((size_t) D * TILE * 3 + (size_t) N * TILE) * sizeof(float) + N + 64 + 2 * TILE * sizeof(int32_t));
     }
 
     explicit Shape(const ggml_tensor * op) {
@@ -264,32 +266,75 @@ struct Partial {
 // One thread's scratch for a tile.
 struct Scratch {
     float *   kt;    // [D][TILE] keys of a tile, transposed
+    float *   kf;    // [TILE][D] keys of a tile, before
     float *   vf;    // [TILE][D] values of a tile
     float *   mask;  // [R][TILE]
     uint8_t * live;  // [R] whether a row sees a cell of the tile
-    int32_t * idx;   // [TILE] the tile's cells
+    int32_t * idx;   // [2][TILE] the tile's cells and the next tile's
 
     Scratch(char * at, const Shape & s) {
         kt   = (float *) at;
-        vf   = kt + s.D * TILE;
+        kf   = kt + s.D * TILE;
+        vf   = kf + s.D * TILE;
         mask = vf + s.D * TILE;
         live = (uint8_t *) (mask + s.N * TILE);
         idx  = (int32_t *) round64((size_t) (live + s.N));
     }
 };
 
-// One tile for J queries of head h (the group's rows `locals` of `rows`),
-// each exactly as alone: the queries only share the loads of the tile's
-// keys and values.
+// The tile's values weighed into J queries' accumulators (scaled by `cv`
+// first; a null one takes nothing), 64 dimensions at a time: every query
+// keeps four running sums at once, so the multiply-adds do not wait on one
+// another. Each lane adds the cells in order, as one sum at a time would.
 template <int J>
-inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t, int64_t h,
-                    const int32_t * rows, const int64_t * locals, int n, float scale) {
+inline void weigh_values(const Scratch & t, int64_t D, int n, float * const * acc, const __m512 * cv,
+                         const float (*w)[TILE]) {
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        __m512 a[J][4];
+        for (int j = 0; j < J; j++) {
+            for (int b = 0; b < 4; b++) {
+                a[j][b] = acc[j] ? _mm512_mul_ps(_mm512_loadu_ps(acc[j] + d0 + 16 * b), cv[j]) : _mm512_setzero_ps();
+            }
+        }
+        for (int c = 0; c < n; c++) {
+            const float * vr = t.vf + c * D + d0;
+            const __m512  v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+            const __m512  v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+            for (int j = 0; j < J; j++) {
+                const __m512 wj = _mm512_set1_ps(w[j][c]);
+                a[j][0]         = _mm512_fmadd_ps(wj, v0, a[j][0]);
+                a[j][1]         = _mm512_fmadd_ps(wj, v1, a[j][1]);
+                a[j][2]         = _mm512_fmadd_ps(wj, v2, a[j][2]);
+                a[j][3]         = _mm512_fmadd_ps(wj, v3, a[j][3]);
+            }
+        }
+        for (int j = 0; j < J; j++) {
+            if (acc[j]) {
+                for (int b = 0; b < 4; b++) {
+                    _mm512_storeu_ps(acc[j] + d0 + 16 * b, a[j][b]);
+                }
+            }
+        }
+    }
+}
+
+// A query of a tile: a head and one of the group's rows (its place).
+struct Query {
+    int64_t h, i;
+};
+
+// One tile for J queries (heads of the tile's kv head, rows of the group's
+// `rows`), each exactly as alone: the queries only share the loads of the
+// tile's keys and values.
+template <int J>
+inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t,
+                    const int32_t * rows, const Query * qs, int n, float scale) {
     const ggml_tensor * q    = op->src[0];
     const __m512        ninf = _mm512_set1_ps(-INFINITY);
     const float *       qp[J];
     __m512              s0[J], s1[J];
     for (int j = 0; j < J; j++) {
-        qp[j] = (const float *) ((const char *) q->data + rows[locals[j]] * q->nb[1] + h * q->nb[2]);
+        qp[j] = (const float *) ((const char *) q->data + rows[qs[j].i] * q->nb[1] + qs[j].h * q->nb[2]);
         s0[j] = _mm512_setzero_ps();
         s1[j] = _mm512_setzero_ps();
     }
@@ -307,7 +352,7 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
     bool              any = false;
     const __m512      sc  = _mm512_set1_ps(scale);
     for (int j = 0; j < J; j++) {
-        const int64_t i = locals[j];
+        const int64_t i = qs[j].i;
         s0[j]           = _mm512_fmadd_ps(s0[j], sc, _mm512_loadu_ps(t.mask + i * TILE));
         s1[j]           = _mm512_fmadd_ps(s1[j], sc, _mm512_loadu_ps(t.mask + i * TILE + 16));
         const float tile_max = _mm512_reduce_max_ps(_mm512_max_ps(s0[j], s1[j]));
@@ -315,7 +360,7 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
         if (tile_max == -INFINITY) {
             continue;
         }
-        const int64_t qi   = p.at(h, i);
+        const int64_t qi   = p.at(qs[j].h, i);
         const float   mnew = std::max(p.m[qi], tile_max);
         const float   corr = p.m[qi] == -INFINITY ? 0.0f : expf(p.m[qi] - mnew);
         const __m512  mv   = _mm512_set1_ps(mnew);
@@ -340,6 +385,15 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
             std::memset(w[j], 0, sizeof(w[j]));
             cv[j] = _mm512_set1_ps(1.0f);
         }
+    }
+    if (s.D % 64 == 0) {
+        if constexpr (J <= 4) {
+            weigh_values<J>(t, s.D, n, acc, cv, w);
+        } else {
+            weigh_values<4>(t, s.D, n, acc, cv, w);
+            weigh_values<J - 4>(t, s.D, n, acc + 4, cv + 4, w + 4);
+        }
+        return;
     }
     for (int64_t d = 0; d < s.D; d += 16) {
         __m512 a[J];
@@ -381,20 +435,38 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
 
     int64_t       cell = starts[j];  // where the chunk's first seen cell is
     const int64_t end  = std::min(seen, (j + 1) * s.chunk);
-    for (int64_t first = j * s.chunk; first < end; first += TILE) {
-        // the tile's cells: the next n the representative row sees
-        const int n = (int) std::min<int64_t>(TILE, end - first);
-        int       got = 0;
+    // the next n cells the representative row sees, from `cell` on
+    auto gather = [&](int32_t * idx, int n) {
+        int got = 0;
         while (got < n) {
             uint32_t bits = seen_bits(rep, cell & ~(int64_t) 31, s.cells) & (~0u << (cell & 31));
             while (bits && got < n) {
                 const int b = __builtin_ctz(bits);
-                t.idx[got++] = (int32_t) ((cell & ~(int64_t) 31) + b);
+                idx[got++]  = (int32_t) ((cell & ~(int64_t) 31) + b);
                 bits &= bits - 1;
             }
-            cell = got < n ? (cell & ~(int64_t) 31) + 32 : t.idx[got - 1] + 1;
+            cell = got < n ? (cell & ~(int64_t) 31) + 32 : idx[got - 1] + 1;
         }
-        // every row's mask over them; -inf where the row sees no further
+    };
+    const char *  kdata = (const char *) k->data;
+    const char *  vdata = (const char *) v->data;
+    const size_t  knb1 = k->nb[1], knb2 = k->nb[2], vnb1 = v->nb[1], vnb2 = v->nb[2];
+    const size_t  row_bytes = (size_t) s.D * sizeof(ggml_fp16_t);
+    int32_t *     idx       = t.idx;
+    int32_t *     next      = t.idx + TILE;
+    int           n         = (int) std::min<int64_t>(TILE, end - j * s.chunk);
+    if (n > 0) {
+        gather(idx, n);
+    }
+    for (int64_t first = j * s.chunk; first < end; first += TILE) {
+        // the next tile's cells, so that their keys and values are on
+        // their way while this tile computes
+        const int nn = first + TILE < end ? (int) std::min<int64_t>(TILE, end - first - TILE) : 0;
+        if (nn > 0) {
+            gather(next, nn);
+        }
+        // every row's mask over the tile's cells; -inf where the row sees
+        // no further
         bool any = false;
         for (int64_t i = 0; i < R; i++) {
             const int64_t       r     = rows[i];
@@ -402,7 +474,7 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
             const int64_t       upto  = std::min<int64_t>(n, std::max<int64_t>(0, info[r].count - first));
             float *             mr    = t.mask + i * TILE;
             for (int c = 0; c < TILE; c++) {
-                mr[c] = c < upto ? _cvtsh_ss(mp[t.idx[c]]) : -INFINITY;
+                mr[c] = c < upto ? _cvtsh_ss(mp[idx[c]]) : -INFINITY;
             }
             t.live[i] = upto > 0;
             any |= upto > 0;
@@ -411,21 +483,39 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
             break;  // the rows see no further
         }
         for (int64_t hk = 0; hk < s.kv_heads; hk++) {
-            // keys transposed and values, as f32
+            for (int c = 0; c < nn; c++) {
+                const char * kp = kdata + (size_t) next[c] * knb1 + hk * knb2;
+                const char * vp = vdata + (size_t) next[c] * vnb1 + hk * vnb2;
+                for (size_t b = 0; b < row_bytes; b += 64) {
+                    _mm_prefetch(kp + b, _MM_HINT_T1);
+                    _mm_prefetch(vp + b, _MM_HINT_T1);
+                }
+            }
+            // keys and values as f32, a cell at a time; then the keys
+            // transposed
+            const int64_t D = s.D;
+            for (int c = 0; c < TILE; c++) {
+                float * kr = t.kf + c * D;
+                float * vr = t.vf + c * D;
+                if (c < n) {
+                    const ggml_fp16_t * kp = (const ggml_fp16_t *) (kdata + (size_t) idx[c] * knb1 + hk * knb2);
+                    const ggml_fp16_t * vp = (const ggml_fp16_t *) (vdata + (size_t) idx[c] * vnb1 + hk * vnb2);
+                    for (int64_t d = 0; d < D; d += 16) {
+                        _mm512_storeu_ps(kr + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (kp + d))));
+                        _mm512_storeu_ps(vr + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vp + d))));
+                    }
+                } else {
+                    for (int64_t d = 0; d < D; d += 16) {
+                        _mm512_storeu_ps(kr + d, _mm512_setzero_ps());
+                        _mm512_storeu_ps(vr + d, _mm512_setzero_ps());
+                    }
+                }
+            }
             for (int cb = 0; cb < TILE; cb += 16) {
                 for (int64_t d = 0; d < s.D; d += 16) {
                     __m512 kr[16];
                     for (int i = 0; i < 16; i++) {
-                        const int c  = cb + i;
-                        __m512    kv = _mm512_setzero_ps(), vv = _mm512_setzero_ps();
-                        if (c < n) {
-                            const char * kp = (const char *) k->data + t.idx[c] * k->nb[1] + hk * k->nb[2];
-                            const char * vp = (const char *) v->data + t.idx[c] * v->nb[1] + hk * v->nb[2];
-                            kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const ggml_fp16_t *) kp + d)));
-                            vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const ggml_fp16_t *) vp + d)));
-                        }
-                        _mm512_storeu_ps(t.vf + c * s.D + d, vv);
-                        kr[i] = kv;
+                        kr[i] = _mm512_loadu_ps(t.kf + (cb + i) * s.D + d);
                     }
                     transpose16(kr);
                     for (int i = 0; i < 16; i++) {
@@ -433,30 +523,39 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
                     }
                 }
             }
-            // the live rows, up to 4 queries of a head at a time
-            int64_t live[64];
-            int64_t n_live = 0;
-            for (int64_t i = 0; i < R; i++) {
-                if (t.live[i]) {
-                    live[n_live++] = i;
-                }
-                if (n_live == 64 || (i == R - 1 && n_live > 0)) {
-                    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+            // every head of the kv head for every live row, 8 queries at a
+            // time (a row alone still fills them with its heads)
+            Query   qs[64];
+            int64_t n_qs = 0;
+            for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+                for (int64_t i = 0; i < R; i++) {
+                    if (t.live[i]) {
+                        qs[n_qs++] = { h, i };
+                    }
+                    const bool last = h == (hk + 1) * group - 1 && i == R - 1;
+                    if (n_qs == 64 || (last && n_qs > 0)) {
                         int64_t x = 0;
-                        for (; x + 4 <= n_live; x += 4) {
-                            queries<4>(op, s, p, t, h, rows, live + x, n, scale);
+                        for (; x + 8 <= n_qs; x += 8) {
+                            queries<8>(op, s, p, t, rows, qs + x, n, scale);
                         }
-                        switch (n_live - x) {
-                            case 3: queries<3>(op, s, p, t, h, rows, live + x, n, scale); break;
-                            case 2: queries<2>(op, s, p, t, h, rows, live + x, n, scale); break;
-                            case 1: queries<1>(op, s, p, t, h, rows, live + x, n, scale); break;
+                        const Query * rest = qs + x;
+                        switch (n_qs - x) {
+                            case 7: queries<7>(op, s, p, t, rows, rest, n, scale); break;
+                            case 6: queries<6>(op, s, p, t, rows, rest, n, scale); break;
+                            case 5: queries<5>(op, s, p, t, rows, rest, n, scale); break;
+                            case 4: queries<4>(op, s, p, t, rows, rest, n, scale); break;
+                            case 3: queries<3>(op, s, p, t, rows, rest, n, scale); break;
+                            case 2: queries<2>(op, s, p, t, rows, rest, n, scale); break;
+                            case 1: queries<1>(op, s, p, t, rows, rest, n, scale); break;
                             default: break;
                         }
+                        n_qs = 0;
                     }
-                    n_live = 0;
                 }
             }
         }
+        std::swap(idx, next);
+        n = nn;
     }
 }
 

@@ -302,6 +302,11 @@ mod tests {
             (128, 63, 8, 2, 1030, 2),
             (64, 64, 9, 3, 500, 2),
             (64, 200, 9, 3, 700, 3),
+            // dimensions that are no multiple of 64 (values weighed 16 at a
+            // time) and two of them (64 at a time, twice); three heads to a
+            // kv head for three rows: more queries than one call takes
+            (80, 5, 6, 2, 300, 2),
+            (128, 3, 9, 3, 300, 1),
         ];
         for (i, &(d, n, heads, kv_heads, cells, threads)) in shapes.iter().enumerate() {
             let err = check_attention(d, n, heads, kv_heads, cells, threads, i as u32 + 1);
