@@ -29,6 +29,7 @@
 // one keeps them in f32.
 
 #include "attention.h"
+#include "prefetch.h"
 
 #include "vec.h"
 
@@ -486,10 +487,8 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
             for (int c = 0; c < nn; c++) {
                 const char * kp = kdata + (size_t) next[c] * knb1 + hk * knb2;
                 const char * vp = vdata + (size_t) next[c] * vnb1 + hk * vnb2;
-                for (size_t b = 0; b < row_bytes; b += 64) {
-                    _mm_prefetch(kp + b, _MM_HINT_T1);
-                    _mm_prefetch(vp + b, _MM_HINT_T1);
-                }
+                prefetch_l2(kp, kp + row_bytes);
+                prefetch_l2(vp, vp + row_bytes);
             }
             // keys and values as f32, a cell at a time; then the keys
             // transposed

@@ -34,6 +34,7 @@
 #include "traits.h"
 
 #include "attention.h"
+#include "prefetch.h"
 
 #include <algorithm>
 #include <atomic>
@@ -285,13 +286,6 @@ inline void block(const packed_q8_0 & p, int64_t b, const Act * a, __m512 * acc)
 // rows' products keep the core busy, and each matrix is a fresh stream.
 constexpr size_t AHEAD = 8192;
 
-// Asks for [from, to) in L2, a cache line at a time.
-inline void prefetch(const char * from, const char * to) {
-    for (const char * p = from; p < to; p += 64) {
-        _mm_prefetch(p, _MM_HINT_T1);
-    }
-}
-
 // `share_end` (the end of this thread's weights) when this pass is the
 // group's first, which then also asks for the weights AHEAD bytes on; null
 // for later passes over the same group.
@@ -304,7 +298,7 @@ void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], co
     for (int64_t b = 0; b < nb; b++) {
         if (share_end != nullptr) {
             const char * next = (const char *) (w + b) + AHEAD;
-            prefetch(next, std::min(next + sizeof(Packed), share_end));
+            sipp::prefetch_l2(next, std::min(next + sizeof(Packed), share_end));
         }
         block<C>(w[b], b, a, acc);
     }
@@ -366,7 +360,7 @@ template <class Packed> void product_share(const Operands & o, const Layout & l,
     const Packed * w     = (const Packed *) o.w;
     const char *   share = (const char *) (w + first * l.nb);
     const char *   share_end = (const char *) (w + end * l.nb);
-    prefetch(share, std::min(share + AHEAD, share_end));
+    sipp::prefetch_l2(share, std::min(share + AHEAD, share_end));
     for (int64_t g = first; g < end; g++) {
         int64_t c0 = 0;
         for (; c0 + 4 <= l.N; c0 += 4) {
