@@ -7,8 +7,8 @@
 //!     cargo run --release -p sipp-rs --example step_cost -- MODEL.gguf \
 //!         [--cells 800] [--seqs 1,8] [--rows 1,2,4,8,16] [--reps 12] [--one-drafts]
 //!
-//! Prints the median and fastest step per shape, and what each row past
-//! the first of every sequence added (the cost of a drafted row). With
+//! Prints the median and fastest step per shape, and what each row added
+//! over the first shape of `--rows` (from 1: the cost of a drafted row). With
 //! `--one-drafts` only the first sequence gets the extra rows (one slot's
 //! long draft among slots decoding one token each).
 
@@ -51,7 +51,7 @@ fn main() {
     cfg.context.n_threads_batch = threads;
     let model = load_model(std::path::Path::new(&model), &cfg, max_seqs, None).expect("load");
     let mut rt = LlamaRuntime::new(model, &cfg, max_seqs).expect("context");
-    println!("seqs\trows/seq\trows\tmedian ms\tfastest ms\tms per extra row");
+    println!("seqs\trows/seq\trows\tmedian ms\tfastest ms\tms per row over the first shape");
     for &s in &seqs {
         rt.kv_clear();
         // every sequence's own context, in chunks of a prompt's size
