@@ -381,8 +381,49 @@ pub struct ScenarioReport {
     /// last first token to the last finish), per second: the figure comparable
     /// to llama-batched-bench's S_TG.
     pub lockstep_decode_tokens_per_s: f64,
+    /// Tokens that arrived while every client was busy (from the last
+    /// client's first token to the first client's last finish), per second:
+    /// the aggregate speed at this concurrency, whatever pace each request
+    /// keeps. With one request per client and requests that finish apart
+    /// (speculative decoding runs some faster), the lockstep window above
+    /// also holds the tail where fewer requests run; this one does not.
+    pub busy_tokens_per_s: f64,
     /// Share of drafted tokens accepted, when the target reports drafts.
     pub draft_acceptance: Option<f64>,
+}
+
+/// [`ScenarioReport::busy_tokens_per_s`] of `samples`, which hold each
+/// client's requests in turn (as [`run_clients`] returns them).
+fn busy_tokens_per_s(clients: usize, samples: &[Sample]) -> f64 {
+    let per = samples.len() / clients.max(1);
+    if per == 0 || per * clients != samples.len() {
+        return 0.0;
+    }
+    let mine = |c: usize| &samples[c * per..(c + 1) * per];
+    let start = (0..clients).map(|c| mine(c)[0].first_token_at).max();
+    let end = (0..clients).map(|c| mine(c)[per - 1].end_at).min();
+    let (Some(Some(from)), Some(Some(to))) = (start, end) else {
+        return 0.0;
+    };
+    if to <= from {
+        return 0.0;
+    }
+    let within = |t: Instant| t > from && t <= to;
+    let tokens: usize = samples
+        .iter()
+        .filter_map(|s| {
+            let mut t = s.first_token_at?;
+            let mut n = if within(t) { s.first_tokens } else { 0 };
+            for (d, k) in s.itls.iter().zip(&s.itl_tokens) {
+                t += *d;
+                if within(t) {
+                    n += k;
+                }
+            }
+            Some(n)
+        })
+        .sum();
+    tokens as f64 / (to - from).as_secs_f64()
 }
 
 pub fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -438,6 +479,7 @@ pub fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) ->
         itl_p99_ms: percentile(&mut itl, 99.0),
         request_decode_tokens_per_s: percentile(&mut decode, 50.0),
         lockstep_decode_tokens_per_s: lockstep,
+        busy_tokens_per_s: busy_tokens_per_s(clients, samples),
         draft_acceptance: {
             let drafted: usize = samples.iter().map(|s| s.drafted).sum();
             let accepted: usize = samples.iter().map(|s| s.accepted).sum();
@@ -538,6 +580,8 @@ fn print_table(reports: &[ScenarioReport]) {
             r.itl_p99_ms,
             if r.clients == 1 {
                 r.request_decode_tokens_per_s
+            } else if r.requests > r.clients {
+                r.busy_tokens_per_s
             } else {
                 r.lockstep_decode_tokens_per_s
             },
@@ -1113,4 +1157,61 @@ async fn embed_all(target: &Target, inputs: &[String]) -> Result<(), String> {
         target.embed(i).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request whose first token arrives `first` ms after `t0`, then
+    /// one token every `gap` ms until it has `tokens`.
+    fn sample(t0: Instant, first: u64, gap: u64, tokens: usize) -> Sample {
+        let itls = vec![Duration::from_millis(gap); tokens - 1];
+        Sample {
+            first_token_at: Some(t0 + Duration::from_millis(first)),
+            end_at: Some(t0 + Duration::from_millis(first + gap * (tokens as u64 - 1))),
+            itl_tokens: vec![1; tokens - 1],
+            itls,
+            tokens,
+            first_tokens: 1,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn busy_speed_counts_only_while_every_client_works() {
+        let t0 = Instant::now();
+        // Client 0: two requests of 10 tokens, 10 ms apart, from 0 ms
+        // (tokens at 0..90, then 100..190). Client 1: one request of 10
+        // tokens at 20 ms apart from 50 ms (tokens at 50..230), then one
+        // of 5 tokens from 300 ms.
+        let samples = vec![
+            sample(t0, 0, 10, 10),
+            sample(t0, 100, 10, 10),
+            sample(t0, 50, 20, 10),
+            sample(t0, 300, 10, 5),
+        ];
+        // Busy from 50 ms (client 1's first token) to 190 ms (client 0's
+        // end): client 0's tokens at 60..90 and 100..190 (4 + 10), client
+        // 1's at 70..190 (7; the one at 50 opens the window).
+        let v = busy_tokens_per_s(2, &samples);
+        assert!((v - 21.0 / 0.140).abs() < 1e-6, "{v}");
+        // The lockstep window runs to the last end instead.
+        let r = report("x", 2, &samples, Duration::from_millis(340));
+        assert_eq!(r.busy_tokens_per_s, v);
+        assert!(r.lockstep_decode_tokens_per_s != v);
+    }
+
+    #[test]
+    fn busy_speed_needs_every_client_busy_at_once() {
+        let t0 = Instant::now();
+        // One client ends before the other starts: never both busy.
+        let samples = vec![sample(t0, 0, 10, 5), sample(t0, 100, 10, 5)];
+        assert_eq!(busy_tokens_per_s(2, &samples), 0.0);
+        // Samples that are not whole clients' requests.
+        assert_eq!(busy_tokens_per_s(2, &samples[..1]), 0.0);
+        // One client alone: its own decode, after its first token.
+        let v = busy_tokens_per_s(1, &samples[..1]);
+        assert!((v - 4.0 / 0.040).abs() < 1e-6, "{v}");
+    }
 }
