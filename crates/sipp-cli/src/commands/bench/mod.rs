@@ -139,6 +139,18 @@ impl Sample {
         }
     }
 
+    /// The arrivals after the first, each with when it came (the first
+    /// having come at `first`) and the tokens it brought.
+    fn later_arrivals(&self, first: Instant) -> impl Iterator<Item = (Instant, usize)> + '_ {
+        self.itls
+            .iter()
+            .zip(&self.itl_tokens)
+            .scan(first, |t, (d, &n)| {
+                *t += *d;
+                Some((*t, n))
+            })
+    }
+
     /// A server's streamed chunks are counted one token each while they
     /// arrive; its usage says how many tokens there were: spread them.
     fn settle_tokens(&mut self, usage: usize) {
@@ -412,15 +424,13 @@ fn busy_tokens_per_s(clients: usize, samples: &[Sample]) -> f64 {
     let tokens: usize = samples
         .iter()
         .filter_map(|s| {
-            let mut t = s.first_token_at?;
-            let mut n = if within(t) { s.first_tokens } else { 0 };
-            for (d, k) in s.itls.iter().zip(&s.itl_tokens) {
-                t += *d;
-                if within(t) {
-                    n += k;
-                }
-            }
-            Some(n)
+            let first = s.first_token_at?;
+            let later: usize = s
+                .later_arrivals(first)
+                .filter(|&(t, _)| within(t))
+                .map(|(_, n)| n)
+                .sum();
+            Some(later + if within(first) { s.first_tokens } else { 0 })
         })
         .sum();
     tokens as f64 / (to - from).as_secs_f64()
@@ -450,14 +460,8 @@ pub fn report(name: &str, clients: usize, samples: &[Sample], wall: Duration) ->
             let toks: usize = samples
                 .iter()
                 .map(|s| {
-                    let mut t = s.first_token_at.unwrap_or(f);
-                    s.itls
-                        .iter()
-                        .zip(&s.itl_tokens)
-                        .filter(|(d, _)| {
-                            t += **d;
-                            t > f
-                        })
+                    s.later_arrivals(s.first_token_at.unwrap_or(f))
+                        .filter(|&(t, _)| t > f)
                         .map(|(_, n)| n)
                         .sum::<usize>()
                 })
@@ -1196,10 +1200,12 @@ mod tests {
         // 1's at 70..190 (7; the one at 50 opens the window).
         let v = busy_tokens_per_s(2, &samples);
         assert!((v - 21.0 / 0.140).abs() < 1e-6, "{v}");
-        // The lockstep window runs to the last end instead.
+        // The lockstep window runs from the last first token (300 ms) to
+        // the last end (340 ms): client 1's 4 tokens after its first.
         let r = report("x", 2, &samples, Duration::from_millis(340));
         assert_eq!(r.busy_tokens_per_s, v);
-        assert!(r.lockstep_decode_tokens_per_s != v);
+        let l = r.lockstep_decode_tokens_per_s;
+        assert!((l - 4.0 / 0.040).abs() < 1e-6, "{l}");
     }
 
     #[test]
