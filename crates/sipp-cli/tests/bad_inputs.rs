@@ -901,8 +901,8 @@ n_parallel = 1
 
 #[test]
 fn every_bad_input_gets_its_4xx_and_others_keep_being_served() {
-    let dir = std::env::temp_dir().join(format!("sipp-bad-inputs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("bad-inputs");
+    let dir = tmp.path().to_path_buf();
     let cfg = catalogue_config(&dir);
     let s = Server::start(&["--config", cfg.to_str().expect("utf-8 path")]);
     // A long generation streams the whole time.

@@ -14,10 +14,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sipp-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp");
-    dir.join(name)
+/// A new temporary folder for one test's files, removed when it drops.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sipp-cli-test-")
+        .tempdir()
+        .expect("tmp")
 }
 
 fn default_model() -> PathBuf {
@@ -80,15 +82,16 @@ fn assert_bad_input(args: &[&str], expect: &str) {
 
 #[test]
 fn bad_model_paths_are_clear_errors() {
-    let dir = tmp("a-directory");
+    let tmp = scratch();
+    let dir = tmp.path().join("a-directory");
     std::fs::create_dir_all(&dir).expect("dir");
-    let text = tmp("text.gguf");
+    let text = tmp.path().join("text.gguf");
     std::fs::write(&text, "this is not a model").expect("write");
     let model = default_model();
     let bytes = std::fs::read(&model).expect("read model");
-    let truncated = tmp("truncated.gguf");
+    let truncated = tmp.path().join("truncated.gguf");
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
-    let header_only = tmp("header.gguf");
+    let header_only = tmp.path().join("header.gguf");
     std::fs::write(&header_only, &bytes[..1000]).expect("write");
 
     assert_bad_input(
@@ -121,8 +124,9 @@ fn bad_model_paths_are_clear_errors() {
 /// and by `serve` before it binds its port.
 #[test]
 fn bad_lora_adapters_are_clear_errors() {
+    let tmp = scratch();
     let model = default_model();
-    let text = tmp("not-an-adapter.gguf");
+    let text = tmp.path().join("not-an-adapter.gguf");
     std::fs::write(&text, "this is not an adapter").expect("write");
     let text = text.to_str().expect("utf8");
     assert_bad_input(&["run", "--lora", text, "hi"], "not a GGUF file");
@@ -174,6 +178,7 @@ fn bad_rpc_endpoints_are_clear_errors() {
 /// binds its port), by flag and by config file.
 #[test]
 fn bad_placement_is_a_clear_error() {
+    let tmp = scratch();
     default_model();
     assert_bad_input(
         &["run", "--gpu-layers", "-1", "hi"],
@@ -203,7 +208,7 @@ fn bad_placement_is_a_clear_error() {
         &["serve", "--ctx-size", "50000000", "--port", "0"],
         "model `default`: bad placement",
     );
-    let cfg = tmp("negative-layers.toml");
+    let cfg = tmp.path().join("negative-layers.toml");
     std::fs::write(
         &cfg,
         "[[models]]\nid = \"m\"\nmodel = \"default\"\n[models.runtime.placement]\ngpu_layers = -2\n",
@@ -222,7 +227,7 @@ fn bad_placement_is_a_clear_error() {
         err.contains("line 5") && err.contains("gpu_layers: a layer count is 0 or more, got -2"),
         "{err}"
     );
-    let runtime = tmp("zero-split.toml");
+    let runtime = tmp.path().join("zero-split.toml");
     std::fs::write(&runtime, "[placement]\ntensor_split = [0, 0]\n").expect("write");
     assert_bad_input(
         &["run", "--config", runtime.to_str().expect("utf8"), "hi"],
@@ -266,6 +271,7 @@ fn inspect_describes_the_model() {
 /// binds or loads anything: exit code 2, with the line and the field.
 #[test]
 fn bad_policy_config_fails_at_start_with_the_line() {
+    let tmp = scratch();
     let cases = [
         (
             "[server.ip]\ndeny = [\"10.0.0.0/8\", \"10.2.0.0/16\"]\n",
@@ -289,7 +295,7 @@ fn bad_policy_config_fails_at_start_with_the_line() {
         ),
     ];
     for (i, (text, line, what)) in cases.iter().enumerate() {
-        let path = tmp(&format!("bad-policy-{i}.toml"));
+        let path = tmp.path().join(format!("bad-policy-{i}.toml"));
         std::fs::write(&path, text).expect("write");
         let o = sipp(&[
             "serve",

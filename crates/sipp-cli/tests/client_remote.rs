@@ -148,8 +148,8 @@ async fn tool_calls_through(client: &SippClient, id: &str) {
 
 #[test]
 fn gateway_and_openai_compatible_endpoints_against_sipp_serve() {
-    let dir = std::env::temp_dir().join(format!("sipp-client-remote-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("client-remote");
+    let dir = tmp.path().to_path_buf();
     let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -252,11 +252,14 @@ fn default_model() -> PathBuf {
     PathBuf::from(out.trim().trim_start_matches("default: "))
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sipp-pull-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("tmp");
-    dir
+/// A new temporary folder (removed when the handle drops) and its path.
+fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::Builder::new()
+        .prefix(&format!("sipp-pull-{name}-"))
+        .tempdir()
+        .expect("tmp");
+    let dir = t.path().to_path_buf();
+    (t, dir)
 }
 
 /// Runs `sipp` against the stand-in hub with its own store.
@@ -306,7 +309,7 @@ fn pull_by_quant_resumes_a_cut_download_and_runs_offline() {
         ],
     );
     let (endpoint, hub) = start_hub(repos, std::slice::from_ref(&model_sha));
-    let store = tmp("store");
+    let (_tmp, store) = tmp("store");
 
     let o = sipp(&endpoint, &store, &[], &["pull", "acme/smol-GGUF:Q4_1"]);
     let (out, err) = text(&o);
@@ -429,7 +432,6 @@ fn pull_by_quant_resumes_a_cut_download_and_runs_offline() {
     let o = sipp(&endpoint, &store, &[], &["rm", "acme/smol-GGUF"]);
     assert!(o.status.success(), "{}", text(&o).1);
     assert!(!repo.exists());
-    let _ = std::fs::remove_dir_all(&store);
 }
 
 #[test]
@@ -458,7 +460,7 @@ fn split_parts_come_whole_and_bad_checksums_leave_nothing() {
         vec![("broken-Q8_0.gguf".to_string(), broken)],
     );
     let (endpoint, hub) = start_hub(repos, &[]);
-    let store = tmp("split");
+    let (_tmp, store) = tmp("split");
 
     // No tag: Q4_K_M, every part, in order.
     let o = sipp(&endpoint, &store, &[], &["pull", "acme/big-GGUF"]);
@@ -520,5 +522,4 @@ fn split_parts_come_whole_and_bad_checksums_leave_nothing() {
     assert!(err.contains("404"), "{err}");
     let o = sipp(&endpoint, &store, &[], &["pull", "not a reference"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
-    let _ = std::fs::remove_dir_all(&store);
 }

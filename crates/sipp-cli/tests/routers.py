@@ -101,6 +101,13 @@ class Proc:
         with open(self.log.name, errors="replace") as f:
             return f.read()[-3000:]
 
+    def discard_log(self):
+        self.log.close()
+        try:
+            os.unlink(self.log.name)
+        except FileNotFoundError:
+            pass
+
 
 def wait_for(what, f, timeout=120):
     t0 = time.time()
@@ -261,6 +268,7 @@ def run(kind, policy, check):
     finally:
         for p in [*([router] if router else []), *reps]:
             p.kill()
+            p.discard_log()
 
 
 def sticky_and_failover(kind):

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 #[test]
 fn a_target_can_be_a_remote_provider() {
     let upstream = Server::start_with_env(&[], &[("SIPP_API_KEY", "inner-key")]);
-    let dir = std::env::temp_dir().join(format!("sipp-gateway-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("gateway");
+    let dir = tmp.path();
     let cfg = dir.join("gateway.toml");
     std::fs::write(
         &cfg,
@@ -196,9 +196,8 @@ model = "default"
 /// `upstream`: (provider, gateway).
 fn gateway(tag: &str) -> (Server, Server) {
     let upstream = Server::start_with_env(&[], &[("SIPP_API_KEY", "inner-key")]);
-    let dir = std::env::temp_dir().join(format!("sipp-gateway-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = dir.join("gateway.toml");
+    let dir = common::temp_dir(&format!("gateway-{tag}"));
+    let cfg = dir.path().join("gateway.toml");
     std::fs::write(
         &cfg,
         format!(
@@ -218,7 +217,8 @@ model = "default"
     let gw = Server::start_with_env(
         &["--config", cfg.to_str().expect("utf8")],
         &[("UPSTREAM_KEY", "inner-key")],
-    );
+    )
+    .keeping(dir);
     (upstream, gw)
 }
 

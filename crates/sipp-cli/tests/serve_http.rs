@@ -43,7 +43,7 @@ fn sse_data(body: &str) -> Vec<String> {
 
 #[test]
 fn completions_chat_embeddings_models_and_native_profile() {
-    let dir = tempdir("routes");
+    let (_tmp, dir) = tempdir("routes");
     let cfg = two_model_config(&dir, "");
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
     let c = Client::new();
@@ -653,7 +653,7 @@ fn model_status(c: &Client, s: &Server) -> std::collections::BTreeMap<String, St
 /// counts the loads and unloads.
 #[test]
 fn on_demand_models_load_and_unload_in_turn_under_a_cap() {
-    let dir = tempdir("on-demand");
+    let (_tmp, dir) = tempdir("on-demand");
     let cfg = dir.join("sipp.toml");
     let target = |id: &str| {
         format!(
@@ -769,8 +769,9 @@ fn on_demand_models_load_and_unload_in_turn_under_a_cap() {
     );
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("sipp-serve-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("dir");
-    d
+/// A new temporary folder (removed when the handle drops) and its path.
+fn tempdir(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let t = common::temp_dir(&format!("serve-{name}"));
+    let d = t.path().to_path_buf();
+    (t, d)
 }

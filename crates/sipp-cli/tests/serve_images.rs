@@ -201,8 +201,8 @@ fn same_up_to_near_tie(a: &Answer, reference: &str, what: &str) -> bool {
 fn images_match_llama_mtmd_cli_and_serve_the_openai_client() {
     let mmproj = projector();
     let model = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
-    let dir = std::env::temp_dir().join(format!("sipp-images-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tmp = common::temp_dir("images");
+    let dir = tmp.path().to_path_buf();
     let pngs: Vec<(PathBuf, String)> = (0..10)
         .map(|i| {
             let bytes = png_bytes(&image(i));
@@ -341,7 +341,6 @@ fn images_match_llama_mtmd_cli_and_serve_the_openai_client() {
         &[file.to_str().expect("utf-8 path")],
         "openai client with images",
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Serves `body` as any path but `/missing` (404) over HTTP/1.1 on
@@ -430,8 +429,8 @@ fn image_urls_are_fetched_only_when_allowed() {
 fn run_takes_images_and_refuses_bad_projectors() {
     let mmproj = projector();
     let model = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
-    let dir = std::env::temp_dir().join(format!("sipp-run-images-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tmp = common::temp_dir("run-images");
+    let dir = tmp.path().to_path_buf();
     let png = dir.join("image.png");
     std::fs::write(&png, png_bytes(&image(4))).expect("write png");
     let _turn = common::ServerTurn::take();
@@ -508,5 +507,4 @@ fn run_takes_images_and_refuses_bad_projectors() {
     let out = run(&["--image".as_ref(), png.as_os_str(), "hi".as_ref()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("takes no images"));
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -153,8 +153,8 @@ fn llama_server_prompts(
 fn infill_builds_llama_servers_prompt_and_refuses_bad_input() {
     let fim = tiny_fim();
     let default = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
-    let dir = std::env::temp_dir().join(format!("sipp-infill-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("infill");
+    let dir = tmp.path().to_path_buf();
     let target = |id: &str, model: &std::path::Path| {
         format!(
             "[[models]]\nid = \"{id}\"\nmodel = \"{}\"\n[models.runtime.context]\n\
@@ -318,5 +318,4 @@ fn infill_builds_llama_servers_prompt_and_refuses_bad_input() {
         assert_eq!(status, 400, "{body}: {v}");
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

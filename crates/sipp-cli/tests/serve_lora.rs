@@ -324,8 +324,8 @@ fn adapters_change_greedy_output_as_llama_cpp_does_alone_and_batched_together() 
 fn an_adapter_alias_loads_its_on_demand_target() {
     let a = adapter("1");
     let model = sipp::models::fetch(&sipp::models::DEFAULT_MODEL).expect("default model");
-    let dir = std::env::temp_dir().join(format!("sipp-lora-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("lora");
+    let dir = tmp.path().to_path_buf();
     let cfg = dir.join("serve.toml");
     std::fs::write(
         &cfg,

@@ -251,8 +251,8 @@ fn assert_close(ours: &[Vec<f64>], theirs: &[Vec<f64>], what: &str) {
 fn rerank_matches_the_references_and_honours_its_fields() {
     let plain = tiny_reranker(false);
     let templated = tiny_reranker(true);
-    let dir = std::env::temp_dir().join(format!("sipp-rerank-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("rerank");
+    let dir = tmp.path().to_path_buf();
     let llama_server = std::env::var("SIPP_LLAMA_SERVER").ok();
     let cfg = config(&dir, &plain, &templated, llama_server.is_some());
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
@@ -378,5 +378,4 @@ fn rerank_matches_the_references_and_honours_its_fields() {
             "document {i}: {a} by flag, {b} by config"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -95,8 +95,8 @@ fn health(s: &Server) -> (u16, Value) {
 fn an_rpc_backed_target_is_forwarded_and_survives_a_dropped_server() {
     let a = RpcServer::start();
     let mut b = RpcServer::start();
-    let dir = std::env::temp_dir().join(format!("sipp-rpc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("rpc");
+    let dir = tmp.path().to_path_buf();
     let cfg = config(&dir, &[&a.endpoint, &b.endpoint]);
     // Healthy only once the child has loaded the model over both servers.
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);

@@ -100,10 +100,12 @@ fn assert_same_up_to_near_tie(reference: &Value, other: &Value, what: &str) {
     }
 }
 
-fn fresh_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sipp-slots-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A folder that does not exist yet, inside a new temporary one (removed
+/// when the handle drops).
+fn fresh_dir(tag: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = common::temp_dir(&format!("slots-{tag}"));
+    let dir = tmp.path().join("slots");
+    (tmp, dir)
 }
 
 fn serve_saving(dir: &Path, extra: &[&str]) -> Server {
@@ -161,7 +163,7 @@ fn a_saved_slot_is_erased_restored_and_the_conversation_continues() {
         (first, second, continued)
     };
 
-    let dir = fresh_dir("continue");
+    let (_tmp, dir) = fresh_dir("continue");
     let s = serve_saving(&dir, &[]);
     let first = query(&c, &s, &ask, 16);
     assert_same_up_to_near_tie(&first_ref, &first, "turn one");
@@ -305,7 +307,6 @@ fn a_saved_slot_is_erased_restored_and_the_conversation_continues() {
     assert_eq!(long.join().expect("thread").expect("answered"), 200);
     assert!(!dir.join("busy.bin").exists());
     assert_eq!(s.metric("sipp_idle_invariant_violations_total{"), Some(0.0));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -334,7 +335,7 @@ fn a_session_is_saved_and_restored_by_its_context_key() {
         (first, second)
     };
 
-    let dir = fresh_dir("session");
+    let (_tmp, dir) = fresh_dir("session");
     let s = serve_saving(&dir, &[]);
     let first = chat(&c, &s, "visitor", &turn_one, 16);
     assert_same_up_to_near_tie(&first_ref, &first, "session turn one");
@@ -399,13 +400,12 @@ fn a_session_is_saved_and_restored_by_its_context_key() {
     );
     assert_error(st, &v, 404, "context_key", "an unknown session");
     assert_eq!(s.metric("sipp_idle_invariant_violations_total{"), Some(0.0));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_slot_saved_by_one_model_is_refused_by_another() {
     let c = Client::new();
-    let dir = fresh_dir("models");
+    let (_tmp, dir) = fresh_dir("models");
     {
         let s = serve_saving(&dir, &[]);
         query(&c, &s, &format!("{SYSTEM}\nVisitor: Hello.\nLibrarian:"), 4);
@@ -449,13 +449,12 @@ fn a_slot_saved_by_one_model_is_refused_by_another() {
         Some(json!({"filename": "g.bin"})),
     );
     assert_error(st, &v, 400, "id_slot", "save of an empty slot");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn slot_files_come_from_the_config_and_take_an_admin_key() {
     let c = Client::new();
-    let dir = fresh_dir("keys");
+    let (_tmp, dir) = fresh_dir("keys");
     std::fs::create_dir_all(&dir).expect("dir");
     let files = dir.join("files");
     let cfg = dir.join("sipp.toml");
@@ -498,5 +497,4 @@ fn slot_files_come_from_the_config_and_take_an_admin_key() {
     assert_eq!(st, 200, "{v}");
     assert!(files.join("a.bin").is_file(), "saved under slot_save_path");
     assert!(!files.join("u.bin").exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,8 +9,8 @@ use common::{run_python_client, Server};
 
 #[test]
 fn the_chat_page_and_dashboard_work_in_a_browser() {
-    let dir = std::env::temp_dir().join(format!("sipp-web-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("web");
+    let dir = tmp.path().to_path_buf();
     let cfg = dir.join("sipp.toml");
     std::fs::write(
         &cfg,

@@ -214,8 +214,8 @@ fn soak_and_chaos_leave_nothing_behind() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
-    let dir = std::env::temp_dir().join(format!("sipp-soak-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = common::temp_dir("soak");
+    let dir = tmp.path().to_path_buf();
     let minilm = std::process::Command::new(env!("CARGO_BIN_EXE_sipp"))
         .args(["models", "fetch", "minilm"])
         .output()

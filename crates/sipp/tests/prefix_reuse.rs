@@ -136,9 +136,9 @@ fn snapshot_restored_after_eviction() {
 
 /// A copy of the default model with one metadata string changed: loadable,
 /// but a different model identity (its GGUF header differs).
-fn other_model() -> std::path::PathBuf {
+fn other_model(dir: &std::path::Path) -> std::path::PathBuf {
     let src = default_model();
-    let dst = std::env::temp_dir().join(format!("sipp-other-model-{}.gguf", std::process::id()));
+    let dst = dir.join("other-model.gguf");
     let mut bytes = std::fs::read(&src).expect("read model");
     let needle = b"Smollm2 135M";
     let at = bytes
@@ -152,8 +152,11 @@ fn other_model() -> std::path::PathBuf {
 
 #[test]
 fn snapshot_file_from_another_model_is_refused() {
-    let dir = std::env::temp_dir().join(format!("sipp-spill-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("sipp-spill-test-")
+        .tempdir()
+        .expect("dir");
+    let dir = tmp.path().join("spill");
     let spill = |c: &mut sipp::NativeRuntimeConfig| {
         c.cache.snapshot_dir = Some(dir.clone());
         c.cache.idle_sequences = 0;
@@ -187,7 +190,7 @@ fn snapshot_file_from_another_model_is_refused() {
     cfg.context.n_ctx = 4096;
     cfg.context.n_parallel = 1;
     spill(&mut cfg);
-    let other_path = other_model();
+    let other_path = other_model(tmp.path());
     let other = Engine::load(&other_path, cfg.clone()).expect("loads");
     let c = run(&other, &a, 8);
     assert_eq!(
@@ -204,8 +207,6 @@ fn snapshot_file_from_another_model_is_refused() {
     let other_off = Engine::load(&other_path, cfg).expect("loads");
     let reference = run(&other_off, &a, 8);
     assert_eq!(reference.text, c.text);
-    let _ = std::fs::remove_file(other_path);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

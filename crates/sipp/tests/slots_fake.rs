@@ -28,11 +28,14 @@ fn run(e: &Engine, prompt: &str, key: Option<&str>) -> sipp::engine::Completion 
     .expect("completes")
 }
 
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sipp-slots-fake-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    d
+/// A new temporary folder (removed when the handle drops) and its path.
+fn dir(tag: &str) -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::Builder::new()
+        .prefix(&format!("sipp-slots-fake-{tag}-"))
+        .tempdir()
+        .expect("dir");
+    let d = t.path().to_path_buf();
+    (t, d)
 }
 
 /// Waits for the engine's next idle check and asserts it found nothing.
@@ -52,7 +55,7 @@ const PROMPT: &str =
 
 #[test]
 fn a_slot_is_saved_erased_and_restored_into_another_slot() {
-    let d = dir("slot");
+    let (_tmp, d) = dir("slot");
     let e = engine(2);
     let first = run(&e, PROMPT, None);
     let file = d.join("a.bin");
@@ -129,12 +132,11 @@ fn a_slot_is_saved_erased_and_restored_into_another_slot() {
         Err(SlotActionError::File(SlotFileError::NotFound(_)))
     ));
     assert_idle_invariants(&e);
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_session_is_saved_and_restored_by_context_key() {
-    let d = dir("session");
+    let (_tmp, d) = dir("session");
     let e = engine(2);
     let first = run(&e, PROMPT, Some("alice"));
     let key = KvHolder::Session("alice".into());
@@ -169,7 +171,6 @@ fn a_session_is_saved_and_restored_by_context_key() {
     );
     assert_eq!(e.erase_kv(&key).expect("erase").n_erased, saved.n_saved);
     assert_idle_invariants(&e);
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -191,7 +192,7 @@ fn kv_computed_under_lora_adapters_is_not_saved() {
     let e = Engine::start(FakeBackend::new(fake), cfg);
     // The adapter applies to requests that choose none (its global scale).
     run(&e, "A conversation under the adapter", Some("lora"));
-    let d = dir("lora");
+    let (_tmp, d) = dir("lora");
     let err = e
         .save_kv(&KvHolder::Session("lora".into()), &d.join("s.bin"))
         .expect_err("refused");
@@ -217,7 +218,7 @@ fn passage(tag: char, n: usize) -> String {
 
 #[test]
 fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
-    let d = dir("parked");
+    let (_tmp, d) = dir("parked");
     // Slot 0 serves a short request while slot 1 decodes a long one, so
     // slot 0's KV is parked in the snapshot store before the save. Steps of
     // 5 ms keep the short one running until the long one arrives (without
@@ -267,5 +268,4 @@ fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
     let again = run(&e, &passage('A', 300), None);
     assert_eq!(again.usage.cached_tokens, 0, "erased KV was reused");
     assert_idle_invariants(&e);
-    let _ = std::fs::remove_dir_all(&d);
 }

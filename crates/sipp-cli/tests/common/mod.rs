@@ -34,6 +34,9 @@ pub struct Server {
     pub log: Arc<Mutex<String>>,
     /// Released after the process is killed (fields drop after `drop`).
     _turn: ServerTurn,
+    /// A temporary folder the server reads (its config), removed after the
+    /// process is killed.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Server {
@@ -96,9 +99,16 @@ impl Server {
             base,
             log,
             _turn: turn,
+            dir: None,
         };
         server.wait_healthy();
         server
+    }
+
+    /// The server, holding `dir` until it is killed.
+    pub fn keeping(mut self, dir: tempfile::TempDir) -> Server {
+        self.dir = Some(dir);
+        self
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -223,10 +233,17 @@ pub fn manifest_dir() -> std::path::PathBuf {
 /// `sipp serve` on the two-model config (`two_model_config`) with the API
 /// key `sk-local`; `tag` names its temporary folder.
 pub fn two_model_server(tag: &str) -> Server {
-    let dir = std::env::temp_dir().join(format!("sipp-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = two_model_config(&dir, "api_keys = [\"sk-local\"]");
-    Server::start(&["--config", cfg.to_str().expect("utf8")])
+    let dir = temp_dir(tag);
+    let cfg = two_model_config(dir.path(), "api_keys = [\"sk-local\"]");
+    Server::start(&["--config", cfg.to_str().expect("utf8")]).keeping(dir)
+}
+
+/// A new temporary folder named after `tag`, removed when the handle drops.
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("sipp-{tag}-"))
+        .tempdir()
+        .expect("temporary folder")
 }
 
 /// Runs the Python client `tests/<script>` against `s` (its base URL, then

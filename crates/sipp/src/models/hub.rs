@@ -1089,8 +1089,11 @@ mod tests {
 
     #[test]
     fn store_resolves_list_and_remove() {
-        let root = std::env::temp_dir().join(format!("sipp-hub-unit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let tmp = tempfile::Builder::new()
+            .prefix("sipp-hub-unit-")
+            .tempdir()
+            .expect("dir");
+        let root = tmp.path().to_path_buf();
         let settings = HubSettings {
             endpoint: "http://127.0.0.1:9".into(),
             token: None,
@@ -1126,6 +1129,5 @@ mod tests {
         assert!(from_store(&settings, &r).is_err());
         remove(&settings, &parse_ref("o/r").expect("ref")).expect("whole repo");
         assert!(!dir.exists());
-        let _ = std::fs::remove_dir_all(&root);
     }
 }

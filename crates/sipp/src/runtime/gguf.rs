@@ -559,18 +559,22 @@ mod tests {
         b
     }
 
-    fn write_tmp(name: &str, bytes: &[u8]) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("sipp-gguf-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("tmp dir");
-        let p = dir.join(name);
+    /// `bytes` written to `name` in a new temporary folder (removed when
+    /// the returned handle drops).
+    fn write_tmp(name: &str, bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix("sipp-gguf-test-")
+            .tempdir()
+            .expect("tmp dir");
+        let p = dir.path().join(name);
         let mut f = File::create(&p).expect("create");
         f.write_all(bytes).expect("write");
-        p
+        (dir, p)
     }
 
     #[test]
     fn accepts_a_complete_file() {
-        let p = write_tmp("ok.gguf", &gguf_bytes(4, &[0u8; 16]));
+        let (_dir, p) = write_tmp("ok.gguf", &gguf_bytes(4, &[0u8; 16]));
         let h = check_gguf(&p).expect("valid");
         assert_eq!(h.architecture(), Some("llama"));
         assert_eq!(h.tensors.len(), 1);
@@ -579,7 +583,7 @@ mod tests {
 
     #[test]
     fn rejects_truncated_tensor_data_with_numbers() {
-        let p = write_tmp("short.gguf", &gguf_bytes(1000, &[0u8; 16]));
+        let (_dir, p) = write_tmp("short.gguf", &gguf_bytes(1000, &[0u8; 16]));
         let err = check_gguf(&p).unwrap_err();
         assert!(matches!(err, GgufError::Truncated { .. }), "{err}");
         assert!(err.to_string().contains("needs"), "{err}");
@@ -588,14 +592,14 @@ mod tests {
     #[test]
     fn rejects_truncated_header() {
         let full = gguf_bytes(4, &[0u8; 16]);
-        let p = write_tmp("cut.gguf", &full[..30]);
+        let (_dir, p) = write_tmp("cut.gguf", &full[..30]);
         let err = check_gguf(&p).unwrap_err();
         assert!(matches!(err, GgufError::Truncated { .. }), "{err}");
     }
 
     #[test]
     fn rejects_non_gguf_directory_and_missing() {
-        let p = write_tmp("text.gguf", b"hello world, not a model");
+        let (_dir, p) = write_tmp("text.gguf", b"hello world, not a model");
         assert!(matches!(check_gguf(&p), Err(GgufError::NotGguf(_))));
         let dir = p.parent().expect("parent");
         assert!(matches!(check_gguf(dir), Err(GgufError::IsDirectory(_))));
@@ -609,7 +613,7 @@ mod tests {
     fn rejects_absurd_counts_without_allocating() {
         let mut b = gguf_bytes(4, &[0u8; 16]);
         b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        let p = write_tmp("huge.gguf", &b);
+        let (_dir, p) = write_tmp("huge.gguf", &b);
         assert!(matches!(check_gguf(&p), Err(GgufError::Corrupt { .. })));
     }
 }

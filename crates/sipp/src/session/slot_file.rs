@@ -279,9 +279,11 @@ mod tests {
 
     #[test]
     fn a_slot_file_reads_back_and_refuses_other_models_and_bad_tokens() {
-        let dir = std::env::temp_dir().join(format!("sipp-slotfile-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let tmp = tempfile::Builder::new()
+            .prefix("sipp-slotfile-")
+            .tempdir()
+            .expect("dir");
+        let dir = tmp.path();
         let path = dir.join("a.bin");
         let n = write_slot_file(&path, "model-a", &[1, 2, 3], b"state").expect("write");
         assert_eq!(n, std::fs::metadata(&path).expect("meta").len());
@@ -307,6 +309,5 @@ mod tests {
             read_slot_file(&dir.join("junk.bin"), "model-a", 10),
             Err(SlotFileError::Invalid { .. })
         ));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

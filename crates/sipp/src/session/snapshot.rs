@@ -504,9 +504,11 @@ mod tests {
 
     #[test]
     fn spill_files_from_other_models_are_refused() {
-        let dir = std::env::temp_dir().join(format!("sipp-snap-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let tmp = tempfile::Builder::new()
+            .prefix("sipp-snap-test-")
+            .tempdir()
+            .expect("dir");
+        let dir = tmp.path().to_path_buf();
         write_spill(&dir.join("a.sippkv"), "model-a", &[1, 2, 3], b"state").expect("write");
         let mut stats = CacheStats::default();
         let s = SnapshotStore::new(&cfg(0, Some(dir.clone())), "model-b", &mut stats);
@@ -530,9 +532,11 @@ mod tests {
     /// inserts snapshots between decode steps.
     #[test]
     fn a_blocked_disk_write_does_not_stall_the_inserting_thread() {
-        let dir = std::env::temp_dir().join(format!("sipp-snap-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let tmp = tempfile::Builder::new()
+            .prefix("sipp-snap-fifo-")
+            .tempdir()
+            .expect("dir");
+        let dir = tmp.path().to_path_buf();
         let tokens = vec![5, 6, 7];
         let tmp = dir.join(spill_name(&tokens)).with_extension("tmp");
         let made = std::process::Command::new("mkfifo")
@@ -564,6 +568,5 @@ mod tests {
         drop(t.join().expect("store thread"));
         assert!(written.starts_with(MAGIC), "the writer wrote a spill file");
         assert!(dir.join(spill_name(&tokens)).exists(), "renamed into place");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
