@@ -252,14 +252,12 @@ fn default_model() -> PathBuf {
     PathBuf::from(out.trim().trim_start_matches("default: "))
 }
 
-/// A new temporary folder (removed when the handle drops) and its path.
-fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let t = tempfile::Builder::new()
+/// A new temporary folder, removed when the handle drops.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
         .prefix(&format!("sipp-pull-{name}-"))
         .tempdir()
-        .expect("tmp");
-    let dir = t.path().to_path_buf();
-    (t, dir)
+        .expect("tmp")
 }
 
 /// Runs `sipp` against the stand-in hub with its own store.
@@ -309,7 +307,8 @@ fn pull_by_quant_resumes_a_cut_download_and_runs_offline() {
         ],
     );
     let (endpoint, hub) = start_hub(repos, std::slice::from_ref(&model_sha));
-    let (_tmp, store) = tmp("store");
+    let scratch = tmp("store");
+    let store = scratch.path();
 
     let o = sipp(&endpoint, &store, &[], &["pull", "acme/smol-GGUF:Q4_1"]);
     let (out, err) = text(&o);
@@ -460,7 +459,8 @@ fn split_parts_come_whole_and_bad_checksums_leave_nothing() {
         vec![("broken-Q8_0.gguf".to_string(), broken)],
     );
     let (endpoint, hub) = start_hub(repos, &[]);
-    let (_tmp, store) = tmp("split");
+    let scratch = tmp("split");
+    let store = scratch.path();
 
     // No tag: Q4_K_M, every part, in order.
     let o = sipp(&endpoint, &store, &[], &["pull", "acme/big-GGUF"]);

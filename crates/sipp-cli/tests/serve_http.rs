@@ -43,7 +43,8 @@ fn sse_data(body: &str) -> Vec<String> {
 
 #[test]
 fn completions_chat_embeddings_models_and_native_profile() {
-    let (_tmp, dir) = tempdir("routes");
+    let tmp = common::temp_dir("serve-routes");
+    let dir = tmp.path();
     let cfg = two_model_config(&dir, "");
     let s = Server::start(&["--config", cfg.to_str().expect("utf8")]);
     let c = Client::new();
@@ -653,7 +654,8 @@ fn model_status(c: &Client, s: &Server) -> std::collections::BTreeMap<String, St
 /// counts the loads and unloads.
 #[test]
 fn on_demand_models_load_and_unload_in_turn_under_a_cap() {
-    let (_tmp, dir) = tempdir("on-demand");
+    let tmp = common::temp_dir("serve-on-demand");
+    let dir = tmp.path();
     let cfg = dir.join("sipp.toml");
     let target = |id: &str| {
         format!(
@@ -767,11 +769,4 @@ fn on_demand_models_load_and_unload_in_turn_under_a_cap() {
         c.get(s.url("/health")).send().expect("health").status(),
         200
     );
-}
-
-/// A new temporary folder (removed when the handle drops) and its path.
-fn tempdir(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let t = common::temp_dir(&format!("serve-{name}"));
-    let d = t.path().to_path_buf();
-    (t, d)
 }

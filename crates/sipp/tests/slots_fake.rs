@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::fake_engine as engine;
@@ -28,14 +27,12 @@ fn run(e: &Engine, prompt: &str, key: Option<&str>) -> sipp::engine::Completion 
     .expect("completes")
 }
 
-/// A new temporary folder (removed when the handle drops) and its path.
-fn dir(tag: &str) -> (tempfile::TempDir, PathBuf) {
-    let t = tempfile::Builder::new()
+/// A new temporary folder, removed when the handle drops.
+fn dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
         .prefix(&format!("sipp-slots-fake-{tag}-"))
         .tempdir()
-        .expect("dir");
-    let d = t.path().to_path_buf();
-    (t, d)
+        .expect("dir")
 }
 
 /// Waits for the engine's next idle check and asserts it found nothing.
@@ -55,7 +52,8 @@ const PROMPT: &str =
 
 #[test]
 fn a_slot_is_saved_erased_and_restored_into_another_slot() {
-    let (_tmp, d) = dir("slot");
+    let tmp = dir("slot");
+    let d = tmp.path();
     let e = engine(2);
     let first = run(&e, PROMPT, None);
     let file = d.join("a.bin");
@@ -136,7 +134,8 @@ fn a_slot_is_saved_erased_and_restored_into_another_slot() {
 
 #[test]
 fn a_session_is_saved_and_restored_by_context_key() {
-    let (_tmp, d) = dir("session");
+    let tmp = dir("session");
+    let d = tmp.path();
     let e = engine(2);
     let first = run(&e, PROMPT, Some("alice"));
     let key = KvHolder::Session("alice".into());
@@ -192,7 +191,8 @@ fn kv_computed_under_lora_adapters_is_not_saved() {
     let e = Engine::start(FakeBackend::new(fake), cfg);
     // The adapter applies to requests that choose none (its global scale).
     run(&e, "A conversation under the adapter", Some("lora"));
-    let (_tmp, d) = dir("lora");
+    let tmp = dir("lora");
+    let d = tmp.path();
     let err = e
         .save_kv(&KvHolder::Session("lora".into()), &d.join("s.bin"))
         .expect_err("refused");
@@ -218,7 +218,8 @@ fn passage(tag: char, n: usize) -> String {
 
 #[test]
 fn a_slot_whose_prefix_was_parked_is_saved_and_erased_from_the_store() {
-    let (_tmp, d) = dir("parked");
+    let tmp = dir("parked");
+    let d = tmp.path();
     // Slot 0 serves a short request while slot 1 decodes a long one, so
     // slot 0's KV is parked in the snapshot store before the save. Steps of
     // 5 ms keep the short one running until the long one arrives (without
