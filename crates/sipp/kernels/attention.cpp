@@ -363,7 +363,10 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
         }
         const int64_t qi   = p.at(qs[j].h, i);
         const float   mnew = std::max(p.m[qi], tile_max);
-        const float   corr = p.m[qi] == -INFINITY ? 0.0f : expf(p.m[qi] - mnew);
+        // the vector exp, lane 0: a call to expf would spill every query's
+        // scores around it
+        const float   corr =
+            p.m[qi] == -INFINITY ? 0.0f : _mm512_cvtss_f32(ggml_v_expf(_mm512_set1_ps(p.m[qi] - mnew)));
         const __m512  mv   = _mm512_set1_ps(mnew);
         // exp(-inf) is 0: masked cells weigh nothing
         const __mmask16 m0 = _mm512_cmp_ps_mask(s0[j], ninf, _CMP_NEQ_OQ);
@@ -412,6 +415,22 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
                 _mm512_storeu_ps(acc[j] + d, a[j]);
             }
         }
+    }
+}
+
+// queries<J> for J of 1 to 8 chosen at run time.
+inline void dispatch(int64_t J, const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t,
+                     const int32_t * rows, const Query * qs, int n, float scale) {
+    switch (J) {
+        case 8: queries<8>(op, s, p, t, rows, qs, n, scale); break;
+        case 7: queries<7>(op, s, p, t, rows, qs, n, scale); break;
+        case 6: queries<6>(op, s, p, t, rows, qs, n, scale); break;
+        case 5: queries<5>(op, s, p, t, rows, qs, n, scale); break;
+        case 4: queries<4>(op, s, p, t, rows, qs, n, scale); break;
+        case 3: queries<3>(op, s, p, t, rows, qs, n, scale); break;
+        case 2: queries<2>(op, s, p, t, rows, qs, n, scale); break;
+        case 1: queries<1>(op, s, p, t, rows, qs, n, scale); break;
+        default: break;
     }
 }
 
@@ -533,21 +552,17 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
                     }
                     const bool last = h == (hk + 1) * group - 1 && i == R - 1;
                     if (n_qs == 64 || (last && n_qs > 0)) {
-                        int64_t x = 0;
-                        for (; x + 8 <= n_qs; x += 8) {
-                            queries<8>(op, s, p, t, rows, qs + x, n, scale);
+                        // as few passes as 8 at a time take, as even as
+                        // can be (9 queries as 4 and 5, not 8 and 1: a
+                        // lone query's sums wait on one another)
+                        const int64_t passes = (n_qs + 7) / 8;
+                        int64_t       x      = 0;
+                        for (int64_t pass = 0; pass + 1 < passes; pass++) {
+                            const int64_t size = (n_qs - x) / (passes - pass);
+                            dispatch(size, op, s, p, t, rows, qs + x, n, scale);
+                            x += size;
                         }
-                        const Query * rest = qs + x;
-                        switch (n_qs - x) {
-                            case 7: queries<7>(op, s, p, t, rows, rest, n, scale); break;
-                            case 6: queries<6>(op, s, p, t, rows, rest, n, scale); break;
-                            case 5: queries<5>(op, s, p, t, rows, rest, n, scale); break;
-                            case 4: queries<4>(op, s, p, t, rows, rest, n, scale); break;
-                            case 3: queries<3>(op, s, p, t, rows, rest, n, scale); break;
-                            case 2: queries<2>(op, s, p, t, rows, rest, n, scale); break;
-                            case 1: queries<1>(op, s, p, t, rows, rest, n, scale); break;
-                            default: break;
-                        }
+                        dispatch(n_qs - x, op, s, p, t, rows, qs + x, n, scale);
                         n_qs = 0;
                     }
                 }
@@ -555,6 +570,36 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
         }
         std::swap(idx, next);
         n = nn;
+    }
+}
+
+// Asks for the keys and values (every kv head's) of the first tile of
+// chunk j of group g. A walk fetches each next tile while a tile computes,
+// but a chunk is only a few tiles: without this its first one would wait on
+// memory. Called a chunk ahead of its walk.
+void prefetch_chunk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const Group & g,
+                    const int32_t * starts, int64_t j) {
+    const ggml_tensor * k     = op->src[1];
+    const ggml_tensor * v     = op->src[2];
+    const ggml_tensor * maskt = op->src[3];
+    const int64_t       first = j * s.chunk;
+    const int64_t       seen  = info[g.rep].count;
+    if (j >= g.chunks || first >= seen) {
+        return;
+    }
+    const ggml_fp16_t * rep   = (const ggml_fp16_t *) ((const char *) maskt->data + g.rep * maskt->nb[1]);
+    const size_t        k_len = (size_t) (s.kv_heads - 1) * k->nb[2] + (size_t) s.D * sizeof(ggml_fp16_t);
+    const size_t        v_len = (size_t) (s.kv_heads - 1) * v->nb[2] + (size_t) s.D * sizeof(ggml_fp16_t);
+    int64_t             n     = std::min<int64_t>(TILE, seen - first);
+    for (int64_t cell = starts[j]; n > 0 && cell < s.cells; cell = (cell & ~(int64_t) 31) + 32) {
+        uint32_t bits = seen_bits(rep, cell & ~(int64_t) 31, s.cells) & (~0u << (cell & 31));
+        for (; bits && n > 0; bits &= bits - 1, n--) {
+            const int64_t c  = (cell & ~(int64_t) 31) + __builtin_ctz(bits);
+            const char *  kp = (const char *) k->data + (size_t) c * k->nb[1];
+            const char *  vp = (const char *) v->data + (size_t) c * v->nb[1];
+            prefetch_l2(kp, kp + k_len);
+            prefetch_l2(vp, vp + v_len);
+        }
     }
 }
 
@@ -758,6 +803,7 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
                 state.l[qi] = 0.0f;
             }
             for (int64_t j = 0; j < g.chunks; j++) {
+                prefetch_chunk(op, s, info, g, mt.starts(info[order[o]].group), j + 1);
                 walk(op, s, info, g, mt.starts(info[order[o]].group), j, order + o, R, part, t, scale);
                 for (int64_t h = 0; h < s.heads; h++) {
                     for (int64_t i = 0; i < R; i++) {
@@ -775,18 +821,40 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
             o += R;
         }
     } else {
-        // 1. the threads take the chunks of every group in turn
+        // 1. every thread takes a run of the chunks (of every group in
+        // turn), each chunk's first tile asked for while the one before it
+        // computes
         char *        partials = base + lay.partials;
         const Scratch t(base + lay.threads + lay.per_thread * ith, s);
-        int64_t       unit = 0;
+        int64_t       units = 0;
         for (int32_t gi = 0; gi < ng; gi++) {
+            units += groups[gi].chunks;
+        }
+        const int64_t u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
+        int64_t       unit = 0;
+        int32_t       held = -1;  // the chunk (held_j of group held) to walk once the next one is asked for
+        int64_t       held_j = 0;
+        auto          walk_held = [&]() {
+            const Group & g = groups[held];
+            const Partial part(partials + g.partials + held_j * s.partial_bytes(g.members), s, g.members);
+            walk(op, s, info, g, mt.starts(held), held_j, order + g.first, g.members, part, t, scale);
+        };
+        for (int32_t gi = 0; gi < ng && unit < u1; gi++) {
             const Group & g = groups[gi];
-            for (int64_t j = 0; j < g.chunks; j++, unit++) {
-                if (unit % nth == ith) {
-                    const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
-                    walk(op, s, info, g, mt.starts(gi), j, order + g.first, g.members, part, t, scale);
+            for (int64_t j = 0; j < g.chunks && unit < u1; j++, unit++) {
+                if (unit < u0) {
+                    continue;
                 }
+                prefetch_chunk(op, s, info, g, mt.starts(gi), j);
+                if (held >= 0) {
+                    walk_held();
+                }
+                held   = gi;
+                held_j = j;
             }
+        }
+        if (held >= 0) {
+            walk_held();
         }
         ggml_barrier(params->threadpool);
 
