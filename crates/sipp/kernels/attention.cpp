@@ -283,18 +283,20 @@ struct Scratch {
     }
 };
 
-// The tile's values weighed into J queries' accumulators (scaled by `cv`
-// first; a null one takes nothing), 64 dimensions at a time: every query
-// keeps four running sums at once, so the multiply-adds do not wait on one
-// another. Each lane adds the cells in order, as one sum at a time would.
+// The tile's values weighed into J queries' accumulators `acc` (a null one
+// takes nothing), which start from `from` scaled by `cv` (from zero where
+// `from` is null: a query's first seen cells), 64 dimensions at a time:
+// every query keeps four running sums at once, so the multiply-adds do not
+// wait on one another. Each lane adds the cells in order, as one sum at a
+// time would.
 template <int J>
-inline void weigh_values(const Scratch & t, int64_t D, int n, float * const * acc, const __m512 * cv,
-                         const float (*w)[TILE]) {
+inline void weigh_values(const Scratch & t, int64_t D, int n, const float * const * from, float * const * acc,
+                         const __m512 * cv, const float (*w)[TILE]) {
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
         __m512 a[J][4];
         for (int j = 0; j < J; j++) {
             for (int b = 0; b < 4; b++) {
-                a[j][b] = acc[j] ? _mm512_mul_ps(_mm512_loadu_ps(acc[j] + d0 + 16 * b), cv[j]) : _mm512_setzero_ps();
+                a[j][b] = from[j] ? _mm512_mul_ps(_mm512_loadu_ps(from[j] + d0 + 16 * b), cv[j]) : _mm512_setzero_ps();
             }
         }
         for (int c = 0; c < n; c++) {
@@ -350,6 +352,7 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
     alignas(64) float w[J][TILE];
     __m512            cv[J];
     float *           acc[J];
+    const float *     from[J];
     bool              any = false;
     const __m512      sc  = _mm512_set1_ps(scale);
     for (int j = 0; j < J; j++) {
@@ -358,15 +361,16 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
         s1[j]           = _mm512_fmadd_ps(s1[j], sc, _mm512_loadu_ps(t.mask + i * TILE + 16));
         const float tile_max = _mm512_reduce_max_ps(_mm512_max_ps(s0[j], s1[j]));
         acc[j]               = nullptr;
+        from[j]              = nullptr;
         if (tile_max == -INFINITY) {
             continue;
         }
-        const int64_t qi   = p.at(qs[j].h, i);
-        const float   mnew = std::max(p.m[qi], tile_max);
+        const int64_t qi    = p.at(qs[j].h, i);
+        const bool    fresh = p.m[qi] == -INFINITY;  // the query's first seen cells
+        const float   mnew  = std::max(p.m[qi], tile_max);
         // the vector exp, lane 0: a call to expf would spill every query's
         // scores around it
-        const float   corr =
-            p.m[qi] == -INFINITY ? 0.0f : _mm512_cvtss_f32(ggml_v_expf(_mm512_set1_ps(p.m[qi] - mnew)));
+        const float   corr = fresh ? 0.0f : _mm512_cvtss_f32(ggml_v_expf(_mm512_set1_ps(p.m[qi] - mnew)));
         const __m512  mv   = _mm512_set1_ps(mnew);
         // exp(-inf) is 0: masked cells weigh nothing
         const __mmask16 m0 = _mm512_cmp_ps_mask(s0[j], ninf, _CMP_NEQ_OQ);
@@ -378,8 +382,9 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
         _mm512_store_ps(w[j], e0);
         _mm512_store_ps(w[j] + 16, e1);
         cv[j]  = _mm512_set1_ps(corr);
-        acc[j] = p.acc + qi * s.D;
-        any    = true;
+        acc[j]  = p.acc + qi * s.D;
+        from[j] = fresh ? nullptr : acc[j];
+        any     = true;
     }
     if (!any) {
         return;
@@ -392,17 +397,17 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
     }
     if (s.D % 64 == 0) {
         if constexpr (J <= 4) {
-            weigh_values<J>(t, s.D, n, acc, cv, w);
+            weigh_values<J>(t, s.D, n, from, acc, cv, w);
         } else {
-            weigh_values<4>(t, s.D, n, acc, cv, w);
-            weigh_values<J - 4>(t, s.D, n, acc + 4, cv + 4, w + 4);
+            weigh_values<4>(t, s.D, n, from, acc, cv, w);
+            weigh_values<J - 4>(t, s.D, n, from + 4, acc + 4, cv + 4, w + 4);
         }
         return;
     }
     for (int64_t d = 0; d < s.D; d += 16) {
         __m512 a[J];
         for (int j = 0; j < J; j++) {
-            a[j] = acc[j] ? _mm512_mul_ps(_mm512_loadu_ps(acc[j] + d), cv[j]) : _mm512_setzero_ps();
+            a[j] = from[j] ? _mm512_mul_ps(_mm512_loadu_ps(from[j] + d), cv[j]) : _mm512_setzero_ps();
         }
         for (int c = 0; c < n; c++) {
             const __m512 vv = _mm512_loadu_ps(t.vf + c * s.D + d);
@@ -451,7 +456,7 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
         p.m[qi] = -INFINITY;
         p.l[qi] = 0.0f;
     }
-    std::memset(p.acc, 0, sizeof(float) * s.heads * R * s.D);
+    // p.acc needs no clearing: a query's first seen cells start its sums
 
     int64_t       cell = starts[j];  // where the chunk's first seen cell is
     const int64_t end  = std::min(seen, (j + 1) * s.chunk);
@@ -822,8 +827,7 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
         }
     } else {
         // 1. every thread takes a run of the chunks (of every group in
-        // turn), each chunk's first tile asked for while the one before it
-        // computes
+        // turn), and asks for the next one's first tile before it walks one
         char *        partials = base + lay.partials;
         const Scratch t(base + lay.threads + lay.per_thread * ith, s);
         int64_t       units = 0;
@@ -832,29 +836,20 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
         }
         const int64_t u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
         int64_t       unit = 0;
-        int32_t       held = -1;  // the chunk (held_j of group held) to walk once the next one is asked for
-        int64_t       held_j = 0;
-        auto          walk_held = [&]() {
-            const Group & g = groups[held];
-            const Partial part(partials + g.partials + held_j * s.partial_bytes(g.members), s, g.members);
-            walk(op, s, info, g, mt.starts(held), held_j, order + g.first, g.members, part, t, scale);
-        };
         for (int32_t gi = 0; gi < ng && unit < u1; gi++) {
             const Group & g = groups[gi];
             for (int64_t j = 0; j < g.chunks && unit < u1; j++, unit++) {
                 if (unit < u0) {
                     continue;
                 }
-                prefetch_chunk(op, s, info, g, mt.starts(gi), j);
-                if (held >= 0) {
-                    walk_held();
+                if (unit + 1 < u1 && j + 1 < g.chunks) {
+                    prefetch_chunk(op, s, info, g, mt.starts(gi), j + 1);
+                } else if (unit + 1 < u1) {
+                    prefetch_chunk(op, s, info, groups[gi + 1], mt.starts(gi + 1), 0);
                 }
-                held   = gi;
-                held_j = j;
+                const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
+                walk(op, s, info, g, mt.starts(gi), j, order + g.first, g.members, part, t, scale);
             }
-        }
-        if (held >= 0) {
-            walk_held();
         }
         ggml_barrier(params->threadpool);
 
