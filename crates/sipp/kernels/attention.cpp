@@ -827,24 +827,39 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
         }
     } else {
         // 1. every thread takes a run of the chunks (of every group in
-        // turn), and asks for the next one's first tile before it walks one
+        // turn) holding its share of the work, and asks for the next one's
+        // first tile before it walks one. A chunk's work is its cells times
+        // two plus its group's rows: each cell is made ready once (keys and
+        // values to f32, about two rows' weighing) and then weighed by every
+        // row. With drafts one sequence's chunks may cost several times
+        // another's, and an even count of chunks would leave one thread
+        // waiting on the other.
         char *        partials = base + lay.partials;
         const Scratch t(base + lay.threads + lay.per_thread * ith, s);
-        int64_t       units = 0;
+        auto          work = [&](const Group & g, int64_t j) {
+            const int64_t cells = std::min<int64_t>(s.chunk, info[g.rep].count - j * s.chunk);
+            return cells * (2 + g.members);
+        };
+        int64_t total = 0;
         for (int32_t gi = 0; gi < ng; gi++) {
-            units += groups[gi].chunks;
+            for (int64_t j = 0; j < groups[gi].chunks; j++) {
+                total += work(groups[gi], j);
+            }
         }
-        const int64_t u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
-        int64_t       unit = 0;
-        for (int32_t gi = 0; gi < ng && unit < u1; gi++) {
+        // a chunk is this thread's when the work before it lies in [w0, w1)
+        const int64_t w0 = total * ith / nth, w1 = total * (ith + 1) / nth;
+        int64_t       before = 0;
+        for (int32_t gi = 0; gi < ng && before < w1; gi++) {
             const Group & g = groups[gi];
-            for (int64_t j = 0; j < g.chunks && unit < u1; j++, unit++) {
-                if (unit < u0) {
+            for (int64_t j = 0; j < g.chunks && before < w1; j++) {
+                const bool mine = before >= w0;
+                before += work(g, j);
+                if (!mine) {
                     continue;
                 }
-                if (unit + 1 < u1 && j + 1 < g.chunks) {
+                if (before < w1 && j + 1 < g.chunks) {
                     prefetch_chunk(op, s, info, g, mt.starts(gi), j + 1);
-                } else if (unit + 1 < u1) {
+                } else if (before < w1 && gi + 1 < ng) {
                     prefetch_chunk(op, s, info, groups[gi + 1], mt.starts(gi + 1), 0);
                 }
                 const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
