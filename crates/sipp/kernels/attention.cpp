@@ -840,11 +840,9 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
             const int64_t cells = std::min<int64_t>(s.chunk, info[g.rep].count - j * s.chunk);
             return cells * (2 + g.members);
         };
-        int64_t total = 0;
+        int64_t total = 0;  // every group's chunks together hold its seen cells
         for (int32_t gi = 0; gi < ng; gi++) {
-            for (int64_t j = 0; j < groups[gi].chunks; j++) {
-                total += work(groups[gi], j);
-            }
+            total += (int64_t) info[groups[gi].rep].count * (2 + groups[gi].members);
         }
         // a chunk is this thread's when the work before it lies in [w0, w1)
         const int64_t w0 = total * ith / nth, w1 = total * (ith + 1) / nth;
