@@ -309,3 +309,135 @@ fn bad_policy_config_fails_at_start_with_the_line() {
         assert!(e.contains(line) && e.contains(what), "{text}: {e}");
     }
 }
+
+/// The fields of each `sipp::step` debug event in `log`, in order (colour
+/// codes, where the log has them, dropped).
+fn step_events(log: &str) -> Vec<std::collections::HashMap<String, u64>> {
+    let mut plain = String::with_capacity(log.len());
+    let mut in_code = false;
+    for c in log.chars() {
+        match c {
+            '\x1b' => in_code = true,
+            'm' if in_code => in_code = false,
+            _ if !in_code => plain.push(c),
+            _ => {}
+        }
+    }
+    plain
+        .lines()
+        .filter(|l| l.contains("sipp::step"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn step_events_add_up_to_the_stats_and_price_the_drafts() {
+    default_model();
+    let o = Command::new(env!("CARGO_BIN_EXE_sipp"))
+        .args([
+            "run",
+            "-n",
+            "48",
+            "--temperature",
+            "0",
+            "--stats",
+            "--speculative",
+            "ngram",
+            "Repeat this line twice: the quick brown fox jumps over the lazy dog.",
+        ])
+        .env("SIPP_LOG", "sipp::step=debug")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("sipp runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let steps = step_events(&err);
+    assert!(steps.len() >= 2, "a prefill and decode steps: {err}");
+    let (mut drafted, mut accepted) = (0, 0);
+    for s in &steps {
+        // A decode row per slot plus its drafted tokens; only drafts accept.
+        assert_eq!(s["decode_rows"], s["slots"] + s["drafted"], "{s:?}");
+        assert!(s["accepted"] <= s["drafted"] && s["ns"] > 0, "{s:?}");
+        drafted += s["drafted"];
+        accepted += s["accepted"];
+    }
+    // The events add up to what the request's stats report.
+    if drafted == 0 {
+        assert!(!err.contains("draft acceptance"), "{err}");
+    } else {
+        let stats = format!("({accepted} of {drafted} drafted tokens)");
+        assert!(err.contains(&stats), "{stats} in {err}");
+    }
+    // And the script that prices drafted steps reads them.
+    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let dir = scratch();
+    let log = dir.path().join("steps.log");
+    std::fs::write(&log, &err).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/step_gain.py");
+    let g = Command::new(python)
+        .args([script, log.to_str().unwrap(), "--slots", "1"])
+        .output()
+        .expect("python runs");
+    let out = String::from_utf8_lossy(&g.stdout);
+    assert!(g.status.success(), "{out}{}", stderr(&g));
+    let decode_steps = steps
+        .iter()
+        .filter(|s| s["slots"] == 1 && s["prompt_rows"] == 0)
+        .count();
+    let want = format!("1 slots: {decode_steps} steps, gain ");
+    assert!(out.starts_with(&want), "{want} first in {out}");
+    assert!(out.contains(&format!(", {drafted} drafted,")), "{out}");
+}
+
+#[test]
+fn step_gain_prices_drafted_steps_at_their_neighbours_cost_per_token() {
+    // Per scenario: 8-slot steps of 16 ms (2 ms a token) around one that
+    // verified 8 drafted tokens, accepted 6 and took 24 ms; its 14 tokens
+    // priced at 2 ms are 28 ms, so the scenario's steps gain (48 + 28) /
+    // (48 + 24). Before any scenario: one undrafted step, reported since
+    // `--slots` names its slot count.
+    let step = |drafted: u32, accepted: u32, ms: u32| {
+        format!(
+            "2026-01-01T00:00:00Z DEBUG sipp::step: step slots=8 prompt_rows=0 decode_rows={} \
+             drafted={drafted} accepted={accepted} ns={}\n",
+            8 + drafted,
+            ms * 1_000_000
+        )
+    };
+    let mut log = step(0, 0, 16);
+    for name in ["grounded x8 ngram", "generate x8 ngram"] {
+        log += &format!("2026-01-01T00:00:00Z DEBUG sipp::step: scenario {name}\n");
+        log += &step(0, 0, 16);
+        log += &step(0, 0, 16);
+        log += &step(8, 6, 24);
+        log += &step(0, 0, 16);
+        // A prompt step is no decode step.
+        log += "2026-01-01T00:00:00Z DEBUG sipp::step: step slots=7 prompt_rows=1 \
+                decode_rows=7 drafted=0 accepted=0 ns=5000000\n";
+    }
+    let dir = scratch();
+    let path = dir.path().join("steps.log");
+    std::fs::write(&path, log).unwrap();
+    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/step_gain.py");
+    let o = Command::new(python)
+        .args([script, path.to_str().unwrap(), "--slots", "8"])
+        .output()
+        .expect("python runs");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let gain = format!("{:.3}", (48.0 + 28.0) / (48.0 + 24.0));
+    for name in ["grounded x8 ngram", "generate x8 ngram"] {
+        let want = format!("{name}:\n8 slots: 4 steps, gain {gain}, 8 drafted, 0.75 accepted\n");
+        assert!(out.contains(&want), "{want} in {out}");
+    }
+    assert!(
+        out.starts_with("before the first scenario:\n8 slots: 1 steps, gain 1.000"),
+        "{out}"
+    );
+}

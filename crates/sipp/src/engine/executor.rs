@@ -135,6 +135,9 @@ impl<B: Backend> Executor<B> {
             ),
             None => BatchOutcome::NoKvSpace,
         };
+        if tracing::enabled!(target: "sipp::step", tracing::Level::DEBUG) {
+            log_step(&spans, &out.batch, started.elapsed().as_nanos() as u64);
+        }
         out
     }
 
@@ -529,4 +532,41 @@ fn count_reuse(kv: &mut KvSessions, plan: &StepPlan, out: &StepOutput) {
             kv.count_shared(n.saturating_sub(p.from));
         }
     }
+}
+
+/// One step's shape, what its drafts gave and what it took, as a debug
+/// event of target `sipp::step` (`SIPP_LOG=sipp::step=debug`), for
+/// `scripts/step_gain.py`: decoding slots, prompt rows, decode rows (drafts
+/// included), drafted and accepted tokens, nanoseconds.
+fn log_step(spans: &[&BatchSpan], batch: &BatchOutcome, ns: u64) {
+    let decode = spans.iter().filter(|s| s.kind == SpanKind::Decode);
+    let accepted: usize = match batch {
+        BatchOutcome::Ran(outcomes) => outcomes
+            .iter()
+            .filter_map(|o| {
+                let span = spans.iter().find(|s| s.slot == o.slot)?;
+                match &o.result {
+                    SpanResult::Sampled(t) if span.kind == SpanKind::Decode => {
+                        Some(t.len().saturating_sub(1).min(o.drafted))
+                    }
+                    _ => None,
+                }
+            })
+            .sum(),
+        _ => 0,
+    };
+    tracing::debug!(
+        target: "sipp::step",
+        slots = decode.clone().count(),
+        prompt_rows = spans
+            .iter()
+            .filter(|s| s.kind == SpanKind::Prompt)
+            .map(|s| s.tokens.len())
+            .sum::<usize>(),
+        decode_rows = decode.clone().map(|s| s.tokens.len()).sum::<usize>(),
+        drafted = decode.map(|s| s.draft).sum::<usize>(),
+        accepted,
+        ns,
+        "step"
+    );
 }

@@ -175,6 +175,9 @@ pub fn workload(
         let f = &mut figures[m].1;
         for (k, grounded) in [(0, true), (2, false)] {
             let kind = if grounded { "grounded" } else { "generate" };
+            // Marks where the engine's step events (`sipp::step`) of each
+            // scenario start, for `scripts/step_gain.py`.
+            tracing::debug!(target: "sipp::step", "scenario {kind} x1 {name}");
             let (s, w) = run_clients(rt, target, 1, args.requests, make(grounded, *mode))?;
             let single = report(&format!("{kind} x1 {name}"), 1, &s, w);
             // The texts, to compare modes' (and servers') greedy output.
@@ -186,6 +189,7 @@ pub fn workload(
             // streams stay busy; the figure is the tokens per second while
             // all were (a request that drafts well finishes early, and with
             // one request per client the rest would run fewer streams).
+            tracing::debug!(target: "sipp::step", "scenario {kind} x{} {name}", args.clients);
             let (s, w) = run_clients(
                 rt,
                 target,
