@@ -335,6 +335,25 @@ fn step_events(log: &str) -> Vec<std::collections::HashMap<String, u64>> {
         .collect()
 }
 
+/// What `scripts/step_gain.py` prints for `log`'s steps of `slots`
+/// decoding slots.
+fn step_gain(log: &str, slots: usize) -> String {
+    let dir = scratch();
+    let path = dir.path().join("steps.log");
+    std::fs::write(&path, log).unwrap();
+    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/step_gain.py");
+    let o = Command::new(python)
+        .arg(script)
+        .arg(&path)
+        .args(["--slots", &slots.to_string()])
+        .output()
+        .expect("python runs");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    out
+}
+
 #[test]
 fn step_events_add_up_to_the_stats_and_price_the_drafts() {
     default_model();
@@ -374,17 +393,7 @@ fn step_events_add_up_to_the_stats_and_price_the_drafts() {
         assert!(err.contains(&stats), "{stats} in {err}");
     }
     // And the script that prices drafted steps reads them.
-    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let dir = scratch();
-    let log = dir.path().join("steps.log");
-    std::fs::write(&log, &err).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/step_gain.py");
-    let g = Command::new(python)
-        .args([script, log.to_str().unwrap(), "--slots", "1"])
-        .output()
-        .expect("python runs");
-    let out = String::from_utf8_lossy(&g.stdout);
-    assert!(g.status.success(), "{out}{}", stderr(&g));
+    let out = step_gain(&err, 1);
     let decode_steps = steps
         .iter()
         .filter(|s| s["slots"] == 1 && s["prompt_rows"] == 0)
@@ -420,17 +429,7 @@ fn step_gain_prices_drafted_steps_at_their_neighbours_cost_per_token() {
         log += "2026-01-01T00:00:00Z DEBUG sipp::step: step slots=7 prompt_rows=1 \
                 decode_rows=7 drafted=0 accepted=0 ns=5000000\n";
     }
-    let dir = scratch();
-    let path = dir.path().join("steps.log");
-    std::fs::write(&path, log).unwrap();
-    let python = std::env::var("SIPP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/step_gain.py");
-    let o = Command::new(python)
-        .args([script, path.to_str().unwrap(), "--slots", "8"])
-        .output()
-        .expect("python runs");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let out = step_gain(&log, 8);
     let gain = format!("{:.3}", (48.0 + 28.0) / (48.0 + 24.0));
     for name in ["grounded x8 ngram", "generate x8 ngram"] {
         let want = format!("{name}:\n8 slots: 4 steps, gain {gain}, 8 drafted, 0.75 accepted\n");
