@@ -38,8 +38,8 @@ def steps(lines):
         line = ANSI.sub("", line).rstrip("\n")
         if "sipp::step" not in line:
             continue
-        if SCENARIO.search(line):
-            scenario = SCENARIO.search(line).group(1)
+        if m := SCENARIO.search(line):
+            scenario = m.group(1)
             continue
         f = {k: int(v) for k, v in FIELD.findall(line)}
         if all(k in f for k in KEYS):
@@ -99,14 +99,14 @@ def main():
         decode = groups[(scenario, slots)]
         if a.slots is None and len(decode) < 50:
             continue
-        if scenario != heading:
-            print(f"{scenario or 'before the first scenario'}:")
-            heading = scenario
         g = gain(decode, a.near)
         priced = sum(v[0] for v in g.values())
         actual = sum(v[1] for v in g.values())
         if actual == 0:
             continue  # every step drafted: nothing to price them against
+        if scenario != heading:
+            print(f"{scenario or 'before the first scenario'}:")
+            heading = scenario
         drafted = sum(v[3] for v in g.values())
         accepted = sum(v[4] for v in g.values())
         print(

@@ -545,12 +545,7 @@ fn log_step(spans: &[&BatchSpan], batch: &BatchOutcome, ns: u64) {
             .iter()
             .filter_map(|o| {
                 let span = spans.iter().find(|s| s.slot == o.slot)?;
-                match &o.result {
-                    SpanResult::Sampled(t) if span.kind == SpanKind::Decode => {
-                        Some(t.len().saturating_sub(1).min(o.drafted))
-                    }
-                    _ => None,
-                }
+                Some(o.result.accepted_drafts(span.kind, o.drafted))
             })
             .sum(),
         _ => 0,

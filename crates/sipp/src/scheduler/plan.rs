@@ -222,6 +222,20 @@ pub enum SpanResult {
     Deferred,
 }
 
+impl SpanResult {
+    /// Of the `drafted` tokens a span of `kind` verified, how many were
+    /// accepted: a decode span's sampled tokens past the first (its pending
+    /// token's) are accepted drafts; nothing else accepts any.
+    pub fn accepted_drafts(&self, kind: SpanKind, drafted: usize) -> usize {
+        match self {
+            SpanResult::Sampled(tokens) if kind == SpanKind::Decode => {
+                tokens.len().saturating_sub(1).min(drafted)
+            }
+            _ => 0,
+        }
+    }
+}
+
 /// One span's result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpanOutcome {

@@ -177,13 +177,9 @@ impl Scheduler {
         if caught_up && r.timing.prefill_done.is_none() {
             r.timing.prefill_done = Some(now);
         }
+        let accepted = result.accepted_drafts(span.kind, drafted);
         match result {
             SpanResult::Sampled(tokens) => {
-                let accepted = if span.kind == SpanKind::Decode {
-                    tokens.len().saturating_sub(1).min(drafted)
-                } else {
-                    0
-                };
                 if let Task::Generate(g) = &r.task {
                     if span.kind == SpanKind::Decode && g.spec.speculative.is_on() {
                         r.spec.record(drafted, accepted);
