@@ -310,21 +310,10 @@ fn bad_policy_config_fails_at_start_with_the_line() {
     }
 }
 
-/// The fields of each `sipp::step` debug event in `log`, in order (colour
-/// codes, where the log has them, dropped).
+/// The fields of each `sipp::step` debug event in `log`, in order (a log
+/// written under `NO_COLOR`, without colour codes).
 fn step_events(log: &str) -> Vec<std::collections::HashMap<String, u64>> {
-    let mut plain = String::with_capacity(log.len());
-    let mut in_code = false;
-    for c in log.chars() {
-        match c {
-            '\x1b' => in_code = true,
-            'm' if in_code => in_code = false,
-            _ if !in_code => plain.push(c),
-            _ => {}
-        }
-    }
-    plain
-        .lines()
+    log.lines()
         .filter(|l| l.contains("sipp::step"))
         .map(|l| {
             l.split_whitespace()
