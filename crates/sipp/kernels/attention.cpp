@@ -27,6 +27,11 @@
 // The arithmetic is attention's: softmax(scale * q.k + mask) v, with the
 // online-softmax rescaling; ggml's path rounds queries to f16 first, this
 // one keeps them in f32.
+//
+// Written once over a vector of 16 floats (`V`): one AVX-512 register, or
+// two AVX2 ones on CPUs without AVX-512 (where fewer queries share a tile
+// pass, 3 instead of 8, and values are weighed 32 dimensions at a time, to
+// fit AVX2's 16 registers). Either way each lane computes alone.
 
 #include "attention.h"
 #include "prefetch.h"
@@ -39,8 +44,15 @@
 #include <cstdint>
 #include <cstring>
 
+// Two builds: AVX-512, and AVX2 with FMA (a vector of 16 floats as two
+// registers, fewer queries at a time for AVX2's 16 registers).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && defined(__F16C__)
-#    define SIPP_CPU_ATTENTION 1
+#    define SIPP_CPU_ATTENTION        1
+#    define SIPP_CPU_ATTENTION_AVX512 1
+#    include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#    define SIPP_CPU_ATTENTION      1
+#    define SIPP_CPU_ATTENTION_AVX2 1
 #    include <immintrin.h>
 #endif
 
@@ -190,6 +202,43 @@ unsigned long long attention_calls() {
 
 namespace {
 
+// 16 floats, and the operations the kernel needs on them. With AVX-512 one
+// register, with AVX2 two; either way each lane computes alone, so a row's
+// result depends only on its own arithmetic.
+#ifdef SIPP_CPU_ATTENTION_AVX512
+
+struct V {
+    __m512 x;
+};
+
+// queries scored at once, and weighed at once 16 * VB dimensions at a time
+constexpr int QMAX = 8, WMAX = 4, VB = 4;
+
+inline V vload(const float * p) { return { _mm512_loadu_ps(p) }; }
+inline void vstore(float * p, V a) { _mm512_storeu_ps(p, a.x); }
+inline V vset1(float f) { return { _mm512_set1_ps(f) }; }
+inline V vzero() { return { _mm512_setzero_ps() }; }
+inline V vadd(V a, V b) { return { _mm512_add_ps(a.x, b.x) }; }
+inline V vmul(V a, V b) { return { _mm512_mul_ps(a.x, b.x) }; }
+inline V vmax(V a, V b) { return { _mm512_max_ps(a.x, b.x) }; }
+inline V vfmadd(V a, V b, V c) { return { _mm512_fmadd_ps(a.x, b.x, c.x) }; }
+inline float vreduce_max(V a) { return _mm512_reduce_max_ps(a.x); }
+inline float vreduce_add(V a) { return _mm512_reduce_add_ps(a.x); }
+
+// 16 halves as floats
+inline V vhalf(const ggml_fp16_t * p) { return { _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)) }; }
+
+// exp(s - m) where s is not -inf, 0 where it is (exp(-inf) is 0: masked
+// cells weigh nothing)
+inline V vexp_seen(V s, V m) {
+    const __mmask16 k = _mm512_cmp_ps_mask(s.x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    return { _mm512_maskz_mov_ps(k, ggml_v_expf(_mm512_sub_ps(_mm512_maskz_mov_ps(k, s.x), m.x))) };
+}
+
+// the vector exp, lane 0: a call to expf would spill every query's scores
+// around it
+inline float vexp1(float x) { return _mm512_cvtss_f32(ggml_v_expf(_mm512_set1_ps(x))); }
+
 // rows[i][j] becomes rows[j][i].
 inline void transpose16(__m512 rows[16]) {
     __m512 t[16], u[16];
@@ -218,15 +267,134 @@ inline void transpose16(__m512 rows[16]) {
     }
 }
 
+// The keys of a tile ([TILE][D]) transposed ([D][TILE]).
+inline void transpose_keys(const float * kf, float * kt, int64_t D) {
+    for (int cb = 0; cb < TILE; cb += 16) {
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 kr[16];
+            for (int i = 0; i < 16; i++) {
+                kr[i] = _mm512_loadu_ps(kf + (cb + i) * D + d);
+            }
+            transpose16(kr);
+            for (int i = 0; i < 16; i++) {
+                _mm512_storeu_ps(kt + (d + i) * TILE + cb, kr[i]);
+            }
+        }
+    }
+}
+
+#else  // AVX2
+
+struct V {
+    __m256 lo, hi;
+};
+
+constexpr int QMAX = 3, WMAX = 2, VB = 2;
+
+inline V vload(const float * p) { return { _mm256_loadu_ps(p), _mm256_loadu_ps(p + 8) }; }
+inline void vstore(float * p, V a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+}
+inline V vset1(float f) { return { _mm256_set1_ps(f), _mm256_set1_ps(f) }; }
+inline V vzero() { return { _mm256_setzero_ps(), _mm256_setzero_ps() }; }
+inline V vadd(V a, V b) { return { _mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi) }; }
+inline V vmul(V a, V b) { return { _mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi) }; }
+inline V vmax(V a, V b) { return { _mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi) }; }
+inline V vfmadd(V a, V b, V c) { return { _mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi) }; }
+
+inline float vreduce_max(V a) {
+    const __m256 m8 = _mm256_max_ps(a.lo, a.hi);
+    __m128       m  = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m               = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m               = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+inline float vreduce_add(V a) {
+    const __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+    __m128       s  = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s               = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s               = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline V vhalf(const ggml_fp16_t * p) {
+    return { _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)),
+             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p + 8))) };
+}
+
+inline __m256 exp_seen(__m256 s, __m256 m) {
+    const __m256 k = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    return _mm256_and_ps(k, ggml_v_expf(_mm256_sub_ps(_mm256_and_ps(k, s), m)));
+}
+
+inline V vexp_seen(V s, V m) { return { exp_seen(s.lo, m.lo), exp_seen(s.hi, m.hi) }; }
+
+inline float vexp1(float x) { return _mm256_cvtss_f32(ggml_v_expf(_mm256_set1_ps(x))); }
+
+// rows[i][j] becomes rows[j][i], 8 x 8.
+inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i]     = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i]     = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i]     = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+    }
+}
+
+inline void transpose_keys(const float * kf, float * kt, int64_t D) {
+    for (int cb = 0; cb < TILE; cb += 8) {
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 kr[8];
+            for (int i = 0; i < 8; i++) {
+                kr[i] = _mm256_loadu_ps(kf + (cb + i) * D + d);
+            }
+            transpose8(kr);
+            for (int i = 0; i < 8; i++) {
+                _mm256_storeu_ps(kt + (d + i) * TILE + cb, kr[i]);
+            }
+        }
+    }
+}
+
+#endif
+
 constexpr uint16_t F16_NEG_INF = 0xFC00;
 
 // Bits of the cells [c, c + 32) of a mask row that are not -inf (seen);
 // none past `end`.
 inline uint32_t seen_bits(const ggml_fp16_t * row, int64_t c, int64_t end) {
-    const int64_t   n    = std::min<int64_t>(32, end - c);
+    const int64_t n = std::min<int64_t>(32, end - c);
+#ifdef SIPP_CPU_ATTENTION_AVX512
     const __mmask32 in   = n >= 32 ? (__mmask32) 0xFFFFFFFFu : (__mmask32) ((1u << n) - 1);
     const __m512i   vals = _mm512_maskz_loadu_epi16(in, row + c);
     return (uint32_t) (_mm512_cmpneq_epi16_mask(vals, _mm512_set1_epi16((short) F16_NEG_INF)) & in);
+#else
+    const uint32_t in = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+    // no reads past the row's end: a short stretch is copied out first
+    uint16_t       tail[32];
+    const void *   from = row + c;
+    if (n < 32) {
+        std::memcpy(tail, row + c, sizeof(uint16_t) * n);
+        from = tail;
+    }
+    const __m256i ninf = _mm256_set1_epi16((short) F16_NEG_INF);
+    const __m256i a    = _mm256_cmpeq_epi16(_mm256_loadu_si256((const __m256i *) from), ninf);
+    const __m256i b    = _mm256_cmpeq_epi16(_mm256_loadu_si256((const __m256i *) from + 1), ninf);
+    // one byte a cell, in cell order (packs interleaves the 128-bit lanes)
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(a, b), 0xD8);
+    return ~(uint32_t) _mm256_movemask_epi8(bytes) & in;
+#endif
 }
 
 // Whether the cells row `a` sees are the first of those row `b` sees, in
@@ -291,33 +459,46 @@ struct Scratch {
 // time would.
 template <int J>
 inline void weigh_values(const Scratch & t, int64_t D, int n, const float * const * from, float * const * acc,
-                         const __m512 * cv, const float (*w)[TILE]) {
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-        __m512 a[J][4];
+                         const V * cv, const float (*w)[TILE]) {
+    for (int64_t d0 = 0; d0 < D; d0 += 16 * VB) {
+        V a[J][VB];
         for (int j = 0; j < J; j++) {
-            for (int b = 0; b < 4; b++) {
-                a[j][b] = from[j] ? _mm512_mul_ps(_mm512_loadu_ps(from[j] + d0 + 16 * b), cv[j]) : _mm512_setzero_ps();
+            for (int b = 0; b < VB; b++) {
+                a[j][b] = from[j] ? vmul(vload(from[j] + d0 + 16 * b), cv[j]) : vzero();
             }
         }
         for (int c = 0; c < n; c++) {
             const float * vr = t.vf + c * D + d0;
-            const __m512  v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
-            const __m512  v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+            V             v[VB];
+            for (int b = 0; b < VB; b++) {
+                v[b] = vload(vr + 16 * b);
+            }
             for (int j = 0; j < J; j++) {
-                const __m512 wj = _mm512_set1_ps(w[j][c]);
-                a[j][0]         = _mm512_fmadd_ps(wj, v0, a[j][0]);
-                a[j][1]         = _mm512_fmadd_ps(wj, v1, a[j][1]);
-                a[j][2]         = _mm512_fmadd_ps(wj, v2, a[j][2]);
-                a[j][3]         = _mm512_fmadd_ps(wj, v3, a[j][3]);
+                const V wj = vset1(w[j][c]);
+                for (int b = 0; b < VB; b++) {
+                    a[j][b] = vfmadd(wj, v[b], a[j][b]);
+                }
             }
         }
         for (int j = 0; j < J; j++) {
             if (acc[j]) {
-                for (int b = 0; b < 4; b++) {
-                    _mm512_storeu_ps(acc[j] + d0 + 16 * b, a[j][b]);
+                for (int b = 0; b < VB; b++) {
+                    vstore(acc[j] + d0 + 16 * b, a[j][b]);
                 }
             }
         }
+    }
+}
+
+// weigh_values for J queries, WMAX at a time.
+template <int J>
+inline void weigh_all(const Scratch & t, int64_t D, int n, const float * const * from, float * const * acc,
+                      const V * cv, const float (*w)[TILE]) {
+    if constexpr (J <= WMAX) {
+        weigh_values<J>(t, D, n, from, acc, cv, w);
+    } else {
+        weigh_values<WMAX>(t, D, n, from, acc, cv, w);
+        weigh_all<J - WMAX>(t, D, n, from + WMAX, acc + WMAX, cv + WMAX, w + WMAX);
     }
 }
 
@@ -332,34 +513,33 @@ struct Query {
 template <int J>
 inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t,
                     const int32_t * rows, const Query * qs, int n, float scale) {
-    const ggml_tensor * q    = op->src[0];
-    const __m512        ninf = _mm512_set1_ps(-INFINITY);
+    const ggml_tensor * q = op->src[0];
     const float *       qp[J];
-    __m512              s0[J], s1[J];
+    V                   s0[J], s1[J];
     for (int j = 0; j < J; j++) {
         qp[j] = (const float *) ((const char *) q->data + rows[qs[j].i] * q->nb[1] + qs[j].h * q->nb[2]);
-        s0[j] = _mm512_setzero_ps();
-        s1[j] = _mm512_setzero_ps();
+        s0[j] = vzero();
+        s1[j] = vzero();
     }
     for (int64_t d = 0; d < s.D; d++) {
-        const __m512 k0 = _mm512_loadu_ps(t.kt + d * TILE), k1 = _mm512_loadu_ps(t.kt + d * TILE + 16);
+        const V k0 = vload(t.kt + d * TILE), k1 = vload(t.kt + d * TILE + 16);
         for (int j = 0; j < J; j++) {
-            const __m512 qd = _mm512_set1_ps(qp[j][d]);
-            s0[j]           = _mm512_fmadd_ps(qd, k0, s0[j]);
-            s1[j]           = _mm512_fmadd_ps(qd, k1, s1[j]);
+            const V qd = vset1(qp[j][d]);
+            s0[j]      = vfmadd(qd, k0, s0[j]);
+            s1[j]      = vfmadd(qd, k1, s1[j]);
         }
     }
     alignas(64) float w[J][TILE];
-    __m512            cv[J];
+    V                 cv[J];
     float *           acc[J];
     const float *     from[J];
     bool              any = false;
-    const __m512      sc  = _mm512_set1_ps(scale);
+    const V           sc  = vset1(scale);
     for (int j = 0; j < J; j++) {
         const int64_t i = qs[j].i;
-        s0[j]           = _mm512_fmadd_ps(s0[j], sc, _mm512_loadu_ps(t.mask + i * TILE));
-        s1[j]           = _mm512_fmadd_ps(s1[j], sc, _mm512_loadu_ps(t.mask + i * TILE + 16));
-        const float tile_max = _mm512_reduce_max_ps(_mm512_max_ps(s0[j], s1[j]));
+        s0[j]           = vfmadd(s0[j], sc, vload(t.mask + i * TILE));
+        s1[j]           = vfmadd(s1[j], sc, vload(t.mask + i * TILE + 16));
+        const float tile_max = vreduce_max(vmax(s0[j], s1[j]));
         acc[j]               = nullptr;
         from[j]              = nullptr;
         if (tile_max == -INFINITY) {
@@ -368,20 +548,15 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
         const int64_t qi    = p.at(qs[j].h, i);
         const bool    fresh = p.m[qi] == -INFINITY;  // the query's first seen cells
         const float   mnew  = std::max(p.m[qi], tile_max);
-        // the vector exp, lane 0: a call to expf would spill every query's
-        // scores around it
-        const float   corr = fresh ? 0.0f : _mm512_cvtss_f32(ggml_v_expf(_mm512_set1_ps(p.m[qi] - mnew)));
-        const __m512  mv   = _mm512_set1_ps(mnew);
-        // exp(-inf) is 0: masked cells weigh nothing
-        const __mmask16 m0 = _mm512_cmp_ps_mask(s0[j], ninf, _CMP_NEQ_OQ);
-        const __mmask16 m1 = _mm512_cmp_ps_mask(s1[j], ninf, _CMP_NEQ_OQ);
-        const __m512    e0 = _mm512_maskz_mov_ps(m0, ggml_v_expf(_mm512_sub_ps(_mm512_maskz_mov_ps(m0, s0[j]), mv)));
-        const __m512    e1 = _mm512_maskz_mov_ps(m1, ggml_v_expf(_mm512_sub_ps(_mm512_maskz_mov_ps(m1, s1[j]), mv)));
-        p.l[qi]            = p.l[qi] * corr + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+        const float   corr = fresh ? 0.0f : vexp1(p.m[qi] - mnew);
+        const V       mv   = vset1(mnew);
+        const V       e0   = vexp_seen(s0[j], mv);
+        const V       e1   = vexp_seen(s1[j], mv);
+        p.l[qi]            = p.l[qi] * corr + vreduce_add(vadd(e0, e1));
         p.m[qi]            = mnew;
-        _mm512_store_ps(w[j], e0);
-        _mm512_store_ps(w[j] + 16, e1);
-        cv[j]  = _mm512_set1_ps(corr);
+        vstore(w[j], e0);
+        vstore(w[j] + 16, e1);
+        cv[j]   = vset1(corr);
         acc[j]  = p.acc + qi * s.D;
         from[j] = fresh ? nullptr : acc[j];
         any     = true;
@@ -392,46 +567,43 @@ inline void queries(const ggml_tensor * op, const Shape & s, const Partial & p, 
     for (int j = 0; j < J; j++) {
         if (!acc[j]) {  // nothing seen in the tile: weights 0, nothing to add
             std::memset(w[j], 0, sizeof(w[j]));
-            cv[j] = _mm512_set1_ps(1.0f);
+            cv[j] = vset1(1.0f);
         }
     }
-    if (s.D % 64 == 0) {
-        if constexpr (J <= 4) {
-            weigh_values<J>(t, s.D, n, from, acc, cv, w);
-        } else {
-            weigh_values<4>(t, s.D, n, from, acc, cv, w);
-            weigh_values<J - 4>(t, s.D, n, from + 4, acc + 4, cv + 4, w + 4);
-        }
+    if (s.D % (16 * VB) == 0) {
+        weigh_all<J>(t, s.D, n, from, acc, cv, w);
         return;
     }
     for (int64_t d = 0; d < s.D; d += 16) {
-        __m512 a[J];
+        V a[J];
         for (int j = 0; j < J; j++) {
-            a[j] = from[j] ? _mm512_mul_ps(_mm512_loadu_ps(from[j] + d), cv[j]) : _mm512_setzero_ps();
+            a[j] = from[j] ? vmul(vload(from[j] + d), cv[j]) : vzero();
         }
         for (int c = 0; c < n; c++) {
-            const __m512 vv = _mm512_loadu_ps(t.vf + c * s.D + d);
+            const V vv = vload(t.vf + c * s.D + d);
             for (int j = 0; j < J; j++) {
-                a[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][c]), vv, a[j]);
+                a[j] = vfmadd(vset1(w[j][c]), vv, a[j]);
             }
         }
         for (int j = 0; j < J; j++) {
             if (acc[j]) {
-                _mm512_storeu_ps(acc[j] + d, a[j]);
+                vstore(acc[j] + d, a[j]);
             }
         }
     }
 }
 
-// queries<J> for J of 1 to 8 chosen at run time.
+// queries<J> for J of 1 to QMAX chosen at run time.
 inline void dispatch(int64_t J, const ggml_tensor * op, const Shape & s, const Partial & p, const Scratch & t,
                      const int32_t * rows, const Query * qs, int n, float scale) {
     switch (J) {
+#ifdef SIPP_CPU_ATTENTION_AVX512
         case 8: queries<8>(op, s, p, t, rows, qs, n, scale); break;
         case 7: queries<7>(op, s, p, t, rows, qs, n, scale); break;
         case 6: queries<6>(op, s, p, t, rows, qs, n, scale); break;
         case 5: queries<5>(op, s, p, t, rows, qs, n, scale); break;
         case 4: queries<4>(op, s, p, t, rows, qs, n, scale); break;
+#endif
         case 3: queries<3>(op, s, p, t, rows, qs, n, scale); break;
         case 2: queries<2>(op, s, p, t, rows, qs, n, scale); break;
         case 1: queries<1>(op, s, p, t, rows, qs, n, scale); break;
@@ -524,30 +696,19 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
                     const ggml_fp16_t * kp = (const ggml_fp16_t *) (kdata + (size_t) idx[c] * knb1 + hk * knb2);
                     const ggml_fp16_t * vp = (const ggml_fp16_t *) (vdata + (size_t) idx[c] * vnb1 + hk * vnb2);
                     for (int64_t d = 0; d < D; d += 16) {
-                        _mm512_storeu_ps(kr + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (kp + d))));
-                        _mm512_storeu_ps(vr + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vp + d))));
+                        vstore(kr + d, vhalf(kp + d));
+                        vstore(vr + d, vhalf(vp + d));
                     }
                 } else {
                     for (int64_t d = 0; d < D; d += 16) {
-                        _mm512_storeu_ps(kr + d, _mm512_setzero_ps());
-                        _mm512_storeu_ps(vr + d, _mm512_setzero_ps());
+                        vstore(kr + d, vzero());
+                        vstore(vr + d, vzero());
                     }
                 }
             }
-            for (int cb = 0; cb < TILE; cb += 16) {
-                for (int64_t d = 0; d < s.D; d += 16) {
-                    __m512 kr[16];
-                    for (int i = 0; i < 16; i++) {
-                        kr[i] = _mm512_loadu_ps(t.kf + (cb + i) * s.D + d);
-                    }
-                    transpose16(kr);
-                    for (int i = 0; i < 16; i++) {
-                        _mm512_storeu_ps(t.kt + (d + i) * TILE + cb, kr[i]);
-                    }
-                }
-            }
-            // every head of the kv head for every live row, 8 queries at a
-            // time (a row alone still fills them with its heads)
+            transpose_keys(t.kf, t.kt, s.D);
+            // every head of the kv head for every live row, QMAX queries at
+            // a time (a row alone still fills them with its heads)
             Query   qs[64];
             int64_t n_qs = 0;
             for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
@@ -557,10 +718,10 @@ void walk(const ggml_tensor * op, const Shape & s, const RowInfo * info, const G
                     }
                     const bool last = h == (hk + 1) * group - 1 && i == R - 1;
                     if (n_qs == 64 || (last && n_qs > 0)) {
-                        // as few passes as 8 at a time take, as even as
-                        // can be (9 queries as 4 and 5, not 8 and 1: a
+                        // as few passes as QMAX at a time take, as even
+                        // as can be (9 queries as 4 and 5, not 8 and 1: a
                         // lone query's sums wait on one another)
-                        const int64_t passes = (n_qs + 7) / 8;
+                        const int64_t passes = (n_qs + QMAX - 1) / QMAX;
                         int64_t       x      = 0;
                         for (int64_t pass = 0; pass + 1 < passes; pass++) {
                             const int64_t size = (n_qs - x) / (passes - pass);
@@ -624,13 +785,12 @@ inline void fold(float & m, float & l, float * out, const Partial & part, int64_
         return;
     }
     const float  mn = std::max(m, mc);
-    const float  wa = expf(m - mn), wb = expf(mc - mn);
-    const __m512 av = _mm512_set1_ps(wa), bv = _mm512_set1_ps(wb);
-    l               = l * wa + part.l[qi] * wb;
-    m               = mn;
+    const float wa = expf(m - mn), wb = expf(mc - mn);
+    const V     av = vset1(wa), bv = vset1(wb);
+    l              = l * wa + part.l[qi] * wb;
+    m              = mn;
     for (int64_t d = 0; d < D; d += 16) {
-        _mm512_storeu_ps(out + d,
-                         _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), bv, _mm512_mul_ps(_mm512_loadu_ps(out + d), av)));
+        vstore(out + d, vfmadd(vload(acc + d), bv, vmul(vload(out + d), av)));
     }
 }
 
@@ -641,9 +801,9 @@ inline void finish(float m, float l, float * out, int64_t D) {
         std::memset(out, 0, sizeof(float) * D);
         return;
     }
-    const __m512 inv = _mm512_set1_ps(l == 0.0f ? 0.0f : 1.0f / l);
+    const V inv = vset1(l == 0.0f ? 0.0f : 1.0f / l);
     for (int64_t d = 0; d < D; d += 16) {
-        _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), inv));
+        vstore(out + d, vmul(vload(out + d), inv));
     }
 }
 

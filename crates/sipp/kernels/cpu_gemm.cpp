@@ -14,6 +14,8 @@
 // AVX-512 register holds 4 bytes of each row. A VNNI dot instruction then
 // multiplies 16 rows by 4 activation bytes at once, every lane a different
 // row, so block scales apply lane-wise and no horizontal sums are needed.
+// On CPUs with AVX2 but not AVX-512 VNNI the same layout serves as two AVX2
+// registers of 8 rows each, multiplied by vpmaddubsw and vpmaddwd.
 // Every product over such a matrix, one activation row or many, runs here,
 // and so does GET_ROWS over a Q8_0 matrix (tied token embeddings are read by
 // GET_ROWS and multiplied as the output layer).
@@ -50,9 +52,17 @@
 #    include <unistd.h>
 #endif
 
+// Two builds of the same products: AVX-512 VNNI (16 rows in one register,
+// one dot instruction per 4 columns), and AVX2 with FMA (the 16 rows as two
+// halves of 8, u8 x s8 products summed in pairs by vpmaddubsw).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__F16C__)
-#    define SIPP_CPU_GEMM 1
+#    define SIPP_CPU_GEMM        1
+#    define SIPP_CPU_GEMM_AVX512 1
+#    include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#    define SIPP_CPU_GEMM      1
+#    define SIPP_CPU_GEMM_AVX2 1
 #    include <immintrin.h>
 #endif
 
@@ -199,6 +209,8 @@ inline ggml_half to_half(float f) {
     return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 }
 
+#ifdef SIPP_CPU_GEMM_AVX512
+
 // Quantizes one activation row exactly as ggml's quantize_row_q8_1 (and
 // q8_0, the same numbers without the sum) does.
 void quantize_row(const float * x, int64_t nb, int8_t * q, float * d_out, float * s_out, int32_t * i_out) {
@@ -227,6 +239,62 @@ inline __m512i bcast4(const int8_t * q) {
     return _mm512_set1_epi32(v);
 }
 
+#else  // AVX2
+
+inline float max8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m        = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m        = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+inline int sum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s         = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s         = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+// Quantizes one activation row exactly as ggml's quantize_row_q8_1 (and
+// q8_0, the same numbers without the sum) does.
+void quantize_row(const float * x, int64_t nb, int8_t * q, float * d_out, float * s_out, int32_t * i_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 v[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + b * 32 + 8 * j);
+            m    = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+        }
+        const float  amax = max8(m);
+        const float  d    = amax / 127.0f;
+        const __m256 id   = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        __m256i      i[4];
+        for (int j = 0; j < 4; j++) {
+            i[j] = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        const int sum = sum8(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+        // |q| <= 127: the saturating packs are exact; they interleave lanes,
+        // which the permutation puts back in order
+        const __m256i packed = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *) (q + b * 32), packed);
+        d_out[b] = half(to_half(d));
+        s_out[b] = half(to_half(d * (float) sum));
+        i_out[b] = sum;
+    }
+}
+
+inline __m256i bcast4(const int8_t * q) {
+    int32_t v;
+    std::memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+#endif
+
 // One activation row's block, quantized.
 struct Act {
     const int8_t *  q;
@@ -234,6 +302,8 @@ struct Act {
     const float *   s;
     const int32_t * i;
 };
+
+#ifdef SIPP_CPU_GEMM_AVX512
 
 // 16 weight rows (one group) against C activation rows: one block.
 template <int C>
@@ -280,11 +350,72 @@ inline void block(const packed_q8_0 & p, int64_t b, const Act * a, __m512 * acc)
     }
 }
 
+#else  // AVX2
+
+// Half `h` of a group (weight rows 8h..8h+7, one per lane) against C
+// activation rows: one block. Q4_1 quants are 0..15 and activations
+// -127..127, so the 16 products a lane sums per block stay within int16.
+template <int C>
+inline void block(const packed_q4_1 & p, int h, int64_t b, const Act * a, __m256 * acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i       s[C];
+    for (int c = 0; c < C; c++) {
+        s[c] = _mm256_setzero_si256();
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m256i x  = _mm256_loadu_si256((const __m256i *) (p.x[k] + 32 * h));
+        const __m256i lo = _mm256_and_si256(x, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+        for (int c = 0; c < C; c++) {
+            const int8_t * q = a[c].q + b * 32;
+            s[c]             = _mm256_add_epi16(s[c], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(q + 4 * k)),
+                                                                       _mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k))));
+        }
+    }
+    const __m256 dw   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.d + 8 * h)));
+    const __m256 mw   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.m + 8 * h)));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; c++) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[c], ones));
+        acc[c]           = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, _mm256_set1_ps(a[c].d[b])), acc[c]);
+        acc[c]           = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[c].s[b]), acc[c]);
+    }
+}
+
+// Q8_0 quants are signed: vpmaddubsw takes |w| and the activation with w's
+// sign (at most 2 * 128 * 127 a pair, within int16).
+template <int C>
+inline void block(const packed_q8_0 & p, int h, int64_t b, const Act * a, __m256 * acc) {
+    const __m256i offset = _mm256_set1_epi8((char) 0x80);
+    const __m256i ones   = _mm256_set1_epi16(1);
+    __m256i       s[C];
+    for (int c = 0; c < C; c++) {
+        s[c] = _mm256_setzero_si256();
+    }
+    for (int k = 0; k < 8; k++) {
+        const __m256i w  = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) (p.x[k] + 32 * h)), offset);
+        const __m256i aw = _mm256_sign_epi8(w, w);
+        for (int c = 0; c < C; c++) {
+            const __m256i qa = _mm256_sign_epi8(bcast4(a[c].q + b * 32 + 4 * k), w);
+            s[c]             = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, qa), ones));
+        }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.d + 8 * h)));
+    for (int c = 0; c < C; c++) {
+        const __m256 dot = _mm256_cvtepi32_ps(s[c]);
+        acc[c]           = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, _mm256_set1_ps(a[c].d[b])), acc[c]);
+    }
+}
+
+#endif
+
 // How far ahead of the block in use a thread asks for its weights. Without
 // it a step of several rows costs about its memory time plus its compute
 // time: the hardware prefetcher does not run far enough ahead while the
 // rows' products keep the core busy, and each matrix is a fresh stream.
 constexpr size_t AHEAD = 8192;
+
+#ifdef SIPP_CPU_GEMM_AVX512
 
 // `share_end` (the end of this thread's weights) when this pass is the
 // group's first, which then also asks for the weights AHEAD bytes on; null
@@ -306,6 +437,35 @@ void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], co
         _mm512_storeu_ps(out[c], acc[c]);
     }
 }
+
+#else  // AVX2
+
+// `share_end` (the end of this thread's weights) when this pass is the
+// group's first, which then also asks for the weights AHEAD bytes on; null
+// for later passes over the same group. The two halves of the group are two
+// passes over its blocks (the second from cache): 16 accumulators would not
+// leave AVX2's 16 registers room for the rest.
+template <int C, class Packed>
+void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[C];
+        for (int c = 0; c < C; c++) {
+            acc[c] = _mm256_setzero_ps();
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            if (h == 0 && share_end != nullptr) {
+                const char * next = (const char *) (w + b) + AHEAD;
+                sipp::prefetch_l2(next, std::min(next + sizeof(Packed), share_end));
+            }
+            block<C>(w[b], h, b, a, acc);
+        }
+        for (int c = 0; c < C; c++) {
+            _mm256_storeu_ps(out[c] + 8 * h, acc[c]);
+        }
+    }
+}
+
+#endif
 
 // Where one product reads and writes: activation row c (of all planes) is
 // at row(c), its result at out(c).

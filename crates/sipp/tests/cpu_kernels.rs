@@ -50,8 +50,8 @@ fn batched_products_through_the_kernel_match_one_row_products() {
     cfg.context.n_threads_batch = 2;
     let model = load_model(&common::default_model(), &cfg, 1, None).expect("load");
     let mut rt = LlamaRuntime::new(model, &cfg, 1).expect("context");
-    // Active exactly where the build targets AVX-512 VNNI (unless switched
-    // off). Then past 64 tokens, where the attention kernel's threads split
+    // Active exactly where the build targets AVX-512 VNNI, or AVX2 and FMA
+    // (unless switched off). Then past 64 tokens, where the attention kernel's threads split
     // the rows instead of the cells; ggml's own attention tiles from 64 rows
     // with other arithmetic, so without the kernels under 64.
     let expected = cpu_kernels::FOR_THIS_TARGET

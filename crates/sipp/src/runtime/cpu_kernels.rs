@@ -22,24 +22,32 @@
 //! same logits in one batch as token by token), the threads, or where its
 //! cells lie in the cache.
 //!
-//! They are compiled in for x86-64 CPUs with AVX-512 VNNI (the build targets
-//! the build machine's CPU). `SIPP_CPU_KERNELS=off` leaves them out of a
-//! process, for comparisons with llama.cpp's own arithmetic.
+//! They are compiled in for x86-64 CPUs with AVX-512 VNNI, and in a second
+//! form for those with AVX2, FMA and F16C (a 16-lane vector as two 8-lane
+//! registers; products by vpmaddubsw). The build targets the build
+//! machine's CPU. `SIPP_CPU_KERNELS=off` leaves them out of a process, for
+//! comparisons with llama.cpp's own arithmetic.
 
 use std::sync::OnceLock;
 
 /// Whether the build's target CPU has what the kernels are compiled for
-/// (x86-64 with AVX-512 F, BW, DQ, VL and VNNI, and F16C): where it does not,
-/// `build.rs` compiles them empty and ggml's own path runs.
+/// (x86-64 with F16C, and AVX-512 F, BW, DQ, VL and VNNI or AVX2 and FMA):
+/// where it does not, `build.rs` compiles them empty and ggml's own path
+/// runs.
 pub const FOR_THIS_TARGET: bool = cfg!(all(
     feature = "llama",
     target_arch = "x86_64",
-    target_feature = "avx512f",
-    target_feature = "avx512bw",
-    target_feature = "avx512dq",
-    target_feature = "avx512vl",
-    target_feature = "avx512vnni",
-    target_feature = "f16c"
+    target_feature = "f16c",
+    any(
+        all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512dq",
+            target_feature = "avx512vl",
+            target_feature = "avx512vnni"
+        ),
+        all(target_feature = "avx2", target_feature = "fma")
+    )
 ));
 
 #[cfg(sipp_cpu_kernels)]
@@ -247,7 +255,8 @@ pub fn attention_invariance(
 mod tests {
     use super::*;
 
-    /// Compiled in exactly where the build targets AVX-512 VNNI on x86-64.
+    /// Compiled in exactly where the build targets AVX-512 VNNI, or AVX2 and
+    /// FMA, on x86-64.
     const EXPECTED: bool = FOR_THIS_TARGET;
 
     #[test]
