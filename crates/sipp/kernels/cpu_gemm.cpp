@@ -352,38 +352,51 @@ inline void block(const packed_q8_0 & p, int64_t b, const Act * a, __m512 * acc)
 
 #else  // AVX2
 
-// Half `h` of a group (weight rows 8h..8h+7, one per lane) against C
-// activation rows: one block. Q4_1 quants are 0..15 and activations
-// -127..127, so the 16 products a lane sums per block stay within int16.
+// A group (weight rows 0..7 and 8..15, one per lane of two registers)
+// against C activation rows: one block, both halves in one pass so that
+// each activation broadcast serves 16 rows. Q4_1 quants are 0..15 and
+// activations -127..127, so the 16 products a lane sums per block stay
+// within int16. The k loop stays rolled: unrolled, the compiler keeps every
+// k's weights live at once and spills the sums.
 template <int C>
-inline void block(const packed_q4_1 & p, int h, int64_t b, const Act * a, __m256 * acc) {
+inline void block(const packed_q4_1 & p, int64_t b, const Act * a, __m256 (*acc)[C]) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256i       s[C];
+    __m256i       s[2][C];
     for (int c = 0; c < C; c++) {
-        s[c] = _mm256_setzero_si256();
+        s[0][c] = s[1][c] = _mm256_setzero_si256();
     }
+#pragma GCC unroll 1
     for (int k = 0; k < 4; k++) {
-        const __m256i x  = _mm256_loadu_si256((const __m256i *) (p.x[k] + 32 * h));
-        const __m256i lo = _mm256_and_si256(x, low);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+        const __m256i x0  = _mm256_loadu_si256((const __m256i *) p.x[k]);
+        const __m256i x1  = _mm256_loadu_si256((const __m256i *) (p.x[k] + 32));
+        const __m256i lo0 = _mm256_and_si256(x0, low);
+        const __m256i lo1 = _mm256_and_si256(x1, low);
+        const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(x0, 4), low);
+        const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(x1, 4), low);
         for (int c = 0; c < C; c++) {
-            const int8_t * q = a[c].q + b * 32;
-            s[c]             = _mm256_add_epi16(s[c], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(q + 4 * k)),
-                                                                       _mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k))));
+            const int8_t * q  = a[c].q + b * 32;
+            const __m256i  al = bcast4(q + 4 * k), ah = bcast4(q + 16 + 4 * k);
+            s[0][c] = _mm256_add_epi16(
+                s[0][c], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, al), _mm256_maddubs_epi16(hi0, ah)));
+            s[1][c] = _mm256_add_epi16(
+                s[1][c], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, al), _mm256_maddubs_epi16(hi1, ah)));
         }
     }
-    const __m256 dw   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.d + 8 * h)));
-    const __m256 mw   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.m + 8 * h)));
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int c = 0; c < C; c++) {
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[c], ones));
-        acc[c]           = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, _mm256_set1_ps(a[c].d[b])), acc[c]);
-        acc[c]           = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[c].s[b]), acc[c]);
+    for (int h = 0; h < 2; h++) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.d + 8 * h)));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p.m + 8 * h)));
+        for (int c = 0; c < C; c++) {
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h][c], ones));
+            acc[h][c]        = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, _mm256_set1_ps(a[c].d[b])), acc[h][c]);
+            acc[h][c]        = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[c].s[b]), acc[h][c]);
+        }
     }
 }
 
 // Q8_0 quants are signed: vpmaddubsw takes |w| and the activation with w's
-// sign (at most 2 * 128 * 127 a pair, within int16).
+// sign (at most 2 * 128 * 127 a pair, within int16). Half `h` of the group
+// only: its sums need 32 bits, and both halves' would not leave room.
 template <int C>
 inline void block(const packed_q8_0 & p, int h, int64_t b, const Act * a, __m256 * acc) {
     const __m256i offset = _mm256_set1_epi8((char) 0x80);
@@ -442,11 +455,29 @@ void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], co
 
 // `share_end` (the end of this thread's weights) when this pass is the
 // group's first, which then also asks for the weights AHEAD bytes on; null
-// for later passes over the same group. The two halves of the group are two
-// passes over its blocks (the second from cache): 16 accumulators would not
-// leave AVX2's 16 registers room for the rest.
-template <int C, class Packed>
-void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
+// for later passes over the same group. Q4_1 takes both halves of the group
+// in one pass; Q8_0 one half a pass (the second from cache).
+template <int C>
+void group(const packed_q4_1 * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
+    __m256 acc[2][C];
+    for (int c = 0; c < C; c++) {
+        acc[0][c] = acc[1][c] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        if (share_end != nullptr) {
+            const char * next = (const char *) (w + b) + AHEAD;
+            sipp::prefetch_l2(next, std::min(next + sizeof(packed_q4_1), share_end));
+        }
+        block<C>(w[b], b, a, acc);
+    }
+    for (int c = 0; c < C; c++) {
+        _mm256_storeu_ps(out[c], acc[0][c]);
+        _mm256_storeu_ps(out[c] + 8, acc[1][c]);
+    }
+}
+
+template <int C>
+void group(const packed_q8_0 * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
     for (int h = 0; h < 2; h++) {
         __m256 acc[C];
         for (int c = 0; c < C; c++) {
@@ -455,7 +486,7 @@ void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], co
         for (int64_t b = 0; b < nb; b++) {
             if (h == 0 && share_end != nullptr) {
                 const char * next = (const char *) (w + b) + AHEAD;
-                sipp::prefetch_l2(next, std::min(next + sizeof(Packed), share_end));
+                sipp::prefetch_l2(next, std::min(next + sizeof(packed_q8_0), share_end));
             }
             block<C>(w[b], h, b, a, acc);
         }
@@ -512,6 +543,14 @@ void columns(const Operands & o, const Layout & l, const char * base, int64_t g,
     group<C>((const Packed *) o.w + g * l.nb, l.nb, a, out, c0 == 0 ? share_end : nullptr);
 }
 
+// Activation rows a pass over a group's blocks takes: four, but two for
+// AVX2's Q4_1 (whose pass takes both halves of the group: 8 sums and
+// accumulators, and the weights).
+template <class Packed> constexpr int COLS = 4;
+#ifndef SIPP_CPU_GEMM_AVX512
+template <> constexpr int COLS<packed_q4_1> = 2;
+#endif
+
 // Thread `ith` of `nth` computes its share of the row groups, once every
 // activation row is quantized.
 template <class Packed> void product_share(const Operands & o, const Layout & l, const char * base, int ith, int nth) {
@@ -523,8 +562,8 @@ template <class Packed> void product_share(const Operands & o, const Layout & l,
     sipp::prefetch_l2(share, std::min(share + AHEAD, share_end));
     for (int64_t g = first; g < end; g++) {
         int64_t c0 = 0;
-        for (; c0 + 4 <= l.N; c0 += 4) {
-            columns<4, Packed>(o, l, base, g, c0, share_end);
+        for (; c0 + COLS<Packed> <= l.N; c0 += COLS<Packed>) {
+            columns<COLS<Packed>, Packed>(o, l, base, g, c0, share_end);
         }
         switch (l.N - c0) {
             case 3:

@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn the_kernels_match_ggmls_dot_products() {
-        // Activation rows on both sides of the kernel's 4 at a time, odd
+        // Activation rows on both sides of the 2 or 4 a pass takes, odd
         // block counts, the model's shapes (and its output layer) and a long
         // row: results within float rounding of ggml's.
         let shapes = [
