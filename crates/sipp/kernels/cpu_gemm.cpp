@@ -428,6 +428,13 @@ inline void block(const packed_q8_0 & p, int h, int64_t b, const Act * a, __m256
 // rows' products keep the core busy, and each matrix is a fresh stream.
 constexpr size_t AHEAD = 8192;
 
+// Asks for the block AHEAD bytes past `at` where this thread's weights
+// (ending at `share_end`) reach that far.
+template <class Packed> inline void ask_ahead(const Packed * at, const char * share_end) {
+    const char * next = (const char *) at + AHEAD;
+    sipp::prefetch_l2(next, std::min(next + sizeof(Packed), share_end));
+}
+
 #ifdef SIPP_CPU_GEMM_AVX512
 
 // `share_end` (the end of this thread's weights) when this pass is the
@@ -441,8 +448,7 @@ void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], co
     }
     for (int64_t b = 0; b < nb; b++) {
         if (share_end != nullptr) {
-            const char * next = (const char *) (w + b) + AHEAD;
-            sipp::prefetch_l2(next, std::min(next + sizeof(Packed), share_end));
+            ask_ahead(w + b, share_end);
         }
         block<C>(w[b], b, a, acc);
     }
@@ -465,8 +471,7 @@ void group(const packed_q4_1 * w, int64_t nb, const Act * a, float * const out[C
     }
     for (int64_t b = 0; b < nb; b++) {
         if (share_end != nullptr) {
-            const char * next = (const char *) (w + b) + AHEAD;
-            sipp::prefetch_l2(next, std::min(next + sizeof(packed_q4_1), share_end));
+            ask_ahead(w + b, share_end);
         }
         block<C>(w[b], b, a, acc);
     }
@@ -485,8 +490,7 @@ void group(const packed_q8_0 * w, int64_t nb, const Act * a, float * const out[C
         }
         for (int64_t b = 0; b < nb; b++) {
             if (h == 0 && share_end != nullptr) {
-                const char * next = (const char *) (w + b) + AHEAD;
-                sipp::prefetch_l2(next, std::min(next + sizeof(packed_q8_0), share_end));
+                ask_ahead(w + b, share_end);
             }
             block<C>(w[b], h, b, a, acc);
         }
