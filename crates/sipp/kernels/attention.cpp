@@ -153,9 +153,10 @@ struct Layout {
             per_thread = 2 * s.partial_bytes(s.rows_per_thread(n_threads)) + s.scratch_bytes();
         } else {
             // a meta per thread; every group's chunks (at most max_chunks of every row)
+            // and per thread, the running maximum and sum of its queries as it folds
             partials   = meta * n_threads;
             threads    = partials + s.max_chunks * (s.partial_bytes(s.N) + 64 * s.N);
-            per_thread = s.scratch_bytes();
+            per_thread = s.scratch_bytes() + round64((size_t) 2 * s.heads * s.N * sizeof(float));
         }
         total = threads + per_thread * n_threads;
     }
@@ -1026,20 +1027,29 @@ void attention_compute(ggml_compute_params * params, ggml_tensor * op) {
         }
         ggml_barrier(params->threadpool);
 
-        // 2. every thread folds a share of the rows over their chunks, in order
-        for (int64_t r = ith; r < s.N; r += nth) {
-            if (info[r].group < 0) {
-                continue;
+        // 2. every thread folds a share of every group's queries (heads of
+        // rows) over the group's chunks, in chunk order: a chunk's partial
+        // results for the share lie together, so they are read in the
+        // order they lie in memory.
+        float * run_m = (float *) (base + lay.threads + lay.per_thread * ith + s.scratch_bytes());
+        float * run_l = run_m + s.heads * s.N;
+        for (int32_t gi = 0; gi < ng; gi++) {
+            const Group & g  = groups[gi];
+            const int64_t Q  = s.heads * g.members;  // query h * members + i
+            const int64_t q0 = Q * ith / nth, q1 = Q * (ith + 1) / nth;
+            for (int64_t qi = q0; qi < q1; qi++) {
+                run_m[qi - q0] = -INFINITY;
+                run_l[qi - q0] = 0.0f;
             }
-            const Group & g = groups[info[r].group];
-            for (int64_t h = 0; h < s.heads; h++) {
-                float * out = output(h, r);
-                float   m = -INFINITY, l = 0.0f;
-                for (int64_t j = 0; j < g.chunks; j++) {
-                    const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
-                    fold(m, l, out, part, part.at(h, info[r].local), s.D);
+            for (int64_t j = 0; j < g.chunks; j++) {
+                const Partial part(partials + g.partials + j * s.partial_bytes(g.members), s, g.members);
+                for (int64_t qi = q0; qi < q1; qi++) {
+                    float * out = output(qi / g.members, order[g.first + qi % g.members]);
+                    fold(run_m[qi - q0], run_l[qi - q0], out, part, qi, s.D);
                 }
-                finish(m, l, out, s.D);
+            }
+            for (int64_t qi = q0; qi < q1; qi++) {
+                finish(run_m[qi - q0], run_l[qi - q0], output(qi / g.members, order[g.first + qi % g.members]), s.D);
             }
         }
     }

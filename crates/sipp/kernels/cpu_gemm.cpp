@@ -428,27 +428,27 @@ inline void block(const packed_q8_0 & p, int h, int64_t b, const Act * a, __m256
 // rows' products keep the core busy, and each matrix is a fresh stream.
 constexpr size_t AHEAD = 8192;
 
-// Asks for the block AHEAD bytes past `at` where this thread's weights
-// (ending at `share_end`) reach that far.
-template <class Packed> inline void ask_ahead(const Packed * at, const char * share_end) {
+// Asks for the block AHEAD bytes past `at` where the matrix (ending at
+// `w_end`) reaches that far.
+template <class Packed> inline void ask_ahead(const Packed * at, const char * w_end) {
     const char * next = (const char *) at + AHEAD;
-    sipp::prefetch_l2(next, std::min(next + sizeof(Packed), share_end));
+    sipp::prefetch_l2(next, std::min(next + sizeof(Packed), w_end));
 }
 
 #ifdef SIPP_CPU_GEMM_AVX512
 
-// `share_end` (the end of this thread's weights) when this pass is the
-// group's first, which then also asks for the weights AHEAD bytes on; null
-// for later passes over the same group.
+// `w_end` (the end of the matrix) when this pass is the group's first,
+// which then also asks for the weights AHEAD bytes on; null for later
+// passes over the same group.
 template <int C, class Packed>
-void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
+void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], const char * w_end) {
     __m512 acc[C];
     for (int c = 0; c < C; c++) {
         acc[c] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        if (share_end != nullptr) {
-            ask_ahead(w + b, share_end);
+        if (w_end != nullptr) {
+            ask_ahead(w + b, w_end);
         }
         block<C>(w[b], b, a, acc);
     }
@@ -459,19 +459,19 @@ void group(const Packed * w, int64_t nb, const Act * a, float * const out[C], co
 
 #else  // AVX2
 
-// `share_end` (the end of this thread's weights) when this pass is the
-// group's first, which then also asks for the weights AHEAD bytes on; null
-// for later passes over the same group. Q4_1 takes both halves of the group
+// `w_end` (the end of the matrix) when this pass is the group's first,
+// which then also asks for the weights AHEAD bytes on; null for later
+// passes over the same group. Q4_1 takes both halves of the group
 // in one pass; Q8_0 one half a pass (the second from cache).
 template <int C>
-void group(const packed_q4_1 * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
+void group(const packed_q4_1 * w, int64_t nb, const Act * a, float * const out[C], const char * w_end) {
     __m256 acc[2][C];
     for (int c = 0; c < C; c++) {
         acc[0][c] = acc[1][c] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        if (share_end != nullptr) {
-            ask_ahead(w + b, share_end);
+        if (w_end != nullptr) {
+            ask_ahead(w + b, w_end);
         }
         block<C>(w[b], b, a, acc);
     }
@@ -482,15 +482,15 @@ void group(const packed_q4_1 * w, int64_t nb, const Act * a, float * const out[C
 }
 
 template <int C>
-void group(const packed_q8_0 * w, int64_t nb, const Act * a, float * const out[C], const char * share_end) {
+void group(const packed_q8_0 * w, int64_t nb, const Act * a, float * const out[C], const char * w_end) {
     for (int h = 0; h < 2; h++) {
         __m256 acc[C];
         for (int c = 0; c < C; c++) {
             acc[c] = _mm256_setzero_ps();
         }
         for (int64_t b = 0; b < nb; b++) {
-            if (h == 0 && share_end != nullptr) {
-                ask_ahead(w + b, share_end);
+            if (h == 0 && w_end != nullptr) {
+                ask_ahead(w + b, w_end);
             }
             block<C>(w[b], h, b, a, acc);
         }
@@ -537,14 +537,14 @@ void quantize_share(const Operands & o, const Layout & l, char * base, int ith, 
 }
 
 template <int C, class Packed>
-void columns(const Operands & o, const Layout & l, const char * base, int64_t g, int64_t c0, const char * share_end) {
+void columns(const Operands & o, const Layout & l, const char * base, int64_t g, int64_t c0, const char * w_end) {
     Act     a[C];
     float * out[C];
     for (int c = 0; c < C; c++) {
         a[c]   = act(l, base, c0 + c);
         out[c] = o.out(c0 + c) + g * ROWS;
     }
-    group<C>((const Packed *) o.w + g * l.nb, l.nb, a, out, c0 == 0 ? share_end : nullptr);
+    group<C>((const Packed *) o.w + g * l.nb, l.nb, a, out, c0 == 0 ? w_end : nullptr);
 }
 
 // Activation rows a pass over a group's blocks takes: four, but two for
@@ -555,29 +555,45 @@ template <class Packed> constexpr int COLS = 4;
 template <> constexpr int COLS<packed_q4_1> = 2;
 #endif
 
-// Thread `ith` of `nth` computes its share of the row groups, once every
-// activation row is quantized.
-template <class Packed> void product_share(const Operands & o, const Layout & l, const char * base, int ith, int nth) {
-    const int64_t  groups = l.M / ROWS;
-    const int64_t  first = groups * ith / nth, end = groups * (ith + 1) / nth;
-    const Packed * w     = (const Packed *) o.w;
-    const char *   share = (const char *) (w + first * l.nb);
-    const char *   share_end = (const char *) (w + end * l.nb);
-    sipp::prefetch_l2(share, std::min(share + AHEAD, share_end));
+// A product of several activation rows is cut into this many runs of row
+// groups per thread, which the threads take in turn as they finish the
+// last: on a shared machine one thread of a step often runs slower than the
+// other (another tenant busy beside it), and with a fixed half each the
+// other would wait at the barrier after every product. A product of one to
+// three rows (a step of one sequence) streams its weights more than it
+// computes: it keeps one run per thread, each a contiguous half, whose
+// weights are asked for ahead without a break.
+constexpr int64_t RUNS_PER_THREAD = 8;
+constexpr int64_t RUNS_FROM_ROWS  = 4;
+
+int64_t runs(int64_t groups, int64_t rows, int nth) {
+    return std::min<int64_t>(groups, rows >= RUNS_FROM_ROWS ? RUNS_PER_THREAD * nth : nth);
+}
+
+// Row groups [first, end) against every activation row, once every
+// activation row is quantized. `w_end` is the end of the whole matrix: the
+// weights are asked for ahead up to it, since the next run (this thread's
+// or the other's) usually follows this one.
+template <class Packed>
+void product_run(const Operands & o, const Layout & l, const char * base, int64_t first, int64_t end,
+                 const char * w_end) {
+    const Packed * w   = (const Packed *) o.w;
+    const char *   run = (const char *) (w + first * l.nb);
+    sipp::prefetch_l2(run, std::min(run + AHEAD, w_end));
     for (int64_t g = first; g < end; g++) {
         int64_t c0 = 0;
         for (; c0 + COLS<Packed> <= l.N; c0 += COLS<Packed>) {
-            columns<COLS<Packed>, Packed>(o, l, base, g, c0, share_end);
+            columns<COLS<Packed>, Packed>(o, l, base, g, c0, w_end);
         }
         switch (l.N - c0) {
             case 3:
-                columns<3, Packed>(o, l, base, g, c0, share_end);
+                columns<3, Packed>(o, l, base, g, c0, w_end);
                 break;
             case 2:
-                columns<2, Packed>(o, l, base, g, c0, share_end);
+                columns<2, Packed>(o, l, base, g, c0, w_end);
                 break;
             case 1:
-                columns<1, Packed>(o, l, base, g, c0, share_end);
+                columns<1, Packed>(o, l, base, g, c0, w_end);
                 break;
             default:
                 break;
@@ -585,11 +601,27 @@ template <class Packed> void product_share(const Operands & o, const Layout & l,
     }
 }
 
-void product_share(ggml_type type, const Operands & o, const Layout & l, const char * base, int ith, int nth) {
+// Thread `ith` of `nth` takes run `ith`, then the next run nobody has taken
+// (the threadpool's counter starts at `nth`, set before the barrier that
+// ends the quantization; without a threadpool, one thread takes them all).
+// Which thread computes a group changes nothing in its results.
+template <class Packed>
+void product_runs(const Operands & o, const Layout & l, const char * base, ggml_threadpool * tp, int ith,
+                  int nth) {
+    const int64_t groups = l.M / ROWS;
+    const int64_t n      = runs(groups, l.N, nth);
+    const char *  w_end  = (const char *) ((const Packed *) o.w + groups * l.nb);
+    for (int64_t r = ith; r < n; r = tp != nullptr ? ggml_threadpool_chunk_add(tp, 1) : r + nth) {
+        product_run<Packed>(o, l, base, groups * r / n, groups * (r + 1) / n, w_end);
+    }
+}
+
+void product_runs(ggml_type type, const Operands & o, const Layout & l, const char * base, ggml_threadpool * tp,
+                  int ith, int nth) {
     if (type == GGML_TYPE_Q4_1) {
-        product_share<packed_q4_1>(o, l, base, ith, nth);
+        product_runs<packed_q4_1>(o, l, base, tp, ith, nth);
     } else {
-        product_share<packed_q8_0>(o, l, base, ith, nth);
+        product_runs<packed_q8_0>(o, l, base, tp, ith, nth);
     }
 }
 
@@ -658,8 +690,11 @@ class traits : public ggml::cpu::tensor_traits {
         const Operands o    = operands(op);
         char *         base = aligned(params->wdata);
         quantize_share(o, l, base, params->ith, params->nth);
+        if (params->ith == 0) {
+            ggml_threadpool_chunk_set(params->threadpool, params->nth);
+        }
         ggml_barrier(params->threadpool);
-        product_share(op->src[0]->type, o, l, base, params->ith, params->nth);
+        product_runs(op->src[0]->type, o, l, base, params->threadpool, params->ith, params->nth);
         if (params->ith == 0) {
             g_calls.fetch_add(1, std::memory_order_relaxed);
         }
@@ -879,7 +914,7 @@ double check(ggml_type type, ggml_type act_type, int K, int M, int N, unsigned s
                       K * sizeof(float), K * sizeof(float) * N,   K * sizeof(float) * N,
                       M * sizeof(float), M * sizeof(float) * N,   M * sizeof(float) * N };
     quantize_share(o, l, base, 0, 1);
-    product_share(type, o, l, base, 0, 1);
+    product_runs(type, o, l, base, nullptr, 0, 1);
 
     const auto *          quantize = ggml_get_type_traits_cpu(act_type);
     const auto *          dot      = ggml_get_type_traits_cpu(type);
