@@ -4,6 +4,7 @@ mod commands;
 mod common;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 use common::CliError;
@@ -47,7 +48,6 @@ enum Cmd {
 /// devices ggml sees here.
 fn print_version() {
     use sipp::runtime::placement::{compiled_backends, devices};
-    use std::io::Write;
     let mut text = format!(
         "sipp {}\nbackends: {}\n",
         env!("CARGO_PKG_VERSION"),
@@ -94,7 +94,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", e.message);
+            // One write: llama.cpp logs from a thread of its own, and a line
+            // it writes at this moment (its fitting's verdict) must land
+            // before or after this one, not inside it.
+            let _ = std::io::stderr().write_all(format!("error: {}\n", e.message).as_bytes());
             ExitCode::from(e.code)
         }
     }
